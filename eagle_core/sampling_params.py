@@ -26,7 +26,6 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     max_tokens: int | None = 16
-    min_tokens: int = 0
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
@@ -61,8 +60,6 @@ class SamplingParams:
             bad("repetition_penalty", f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.max_tokens is not None and self.max_tokens < 1:
             bad("max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.min_tokens < 0:
-            bad("min_tokens", f"min_tokens must be >= 0, got {self.min_tokens}")
         if len(self.stop) > 16 or any(not isinstance(s, str) or not s for s in self.stop):
             bad("stop", "stop must be at most 16 non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):

@@ -1,0 +1,172 @@
+"""The engine: requests in, token and text deltas out, one scheduler/worker step at a time.
+
+    scheduler.schedule()  -> ScheduledBatch   (pure Python bookkeeping)
+    worker.execute(batch) -> StepResult       (all tensor work)
+    scheduler.update()                        (append tokens, finish, free)
+    detokenize, stop strings -> RequestOutput
+
+Not thread-safe: one thread owns an Engine (the server runs it in a background thread).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from eagle_core.config import EngineConfig
+from eagle_core.detokenizer import IncrementalDetokenizer
+from eagle_core.errors import InvalidRequestError
+from eagle_core.kv import BlockManager
+from eagle_core.outputs import RequestOutput, SpecStats
+from eagle_core.request import Request
+from eagle_core.sampling_params import SamplingParams
+from eagle_core.scheduler import Scheduler
+from eagle_core.worker.worker import Worker
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class _Tracked:
+    """Engine-side state of a live request: text and statistics."""
+
+    request: Request
+    detok: IncrementalDetokenizer
+    spec: SpecStats = dataclasses.field(default_factory=SpecStats)
+    first_token_time: float | None = None
+
+
+class Engine:
+    def __init__(self, config: EngineConfig | None = None):
+        config = config or EngineConfig()
+        self.worker = Worker(config)
+        self.config = self.worker.config  # with derived values filled in (max_model_len, KV size)
+        self.tokenizer = self.worker.tokenizer
+        self.model_name = self.worker.model_name
+        self.max_model_len = self.config.model.max_model_len
+        cache = self.config.cache
+        self.block_manager = BlockManager(cache.kv_cache_tokens // cache.block_size, cache.block_size)
+        self.scheduler = Scheduler(self.config.scheduler, self.block_manager, self.worker.num_draft_slots)
+        self.eos_token_ids = self._eos_ids()
+        self._tracked: dict[str, _Tracked] = {}
+        self._pending: list[RequestOutput] = []
+        self.num_steps = 0
+
+    # ---- public API -----------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
+        """Queue a request. Raises InvalidRequestError for input that can never be served."""
+        prompt_ids = self._tokenize(prompt)
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            raise InvalidRequestError(
+                f"prompt has {len(prompt_ids)} tokens; this model's context is {self.max_model_len} "
+                "tokens including the completion",
+                param="prompt",
+            )
+        max_output = room if params.max_tokens is None else min(params.max_tokens, room)
+        request = Request(request_id, prompt_ids, params, max_output, self.eos_token_ids)
+        self.scheduler.add(request)
+        self._tracked[request_id] = _Tracked(
+            request, IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop, params.skip_special_tokens)
+        )
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request; its KV is freed now and an "abort" output comes with the next step."""
+        if self.scheduler.finish(request_id, "abort") is not None:
+            self._pending.append(self._output(self._tracked.pop(request_id), [], None))
+
+    def step(self) -> list[RequestOutput]:
+        outputs, self._pending = self._pending, []
+        batch = self.scheduler.schedule()
+        if batch.is_empty and not batch.finished_request_ids:
+            return outputs
+        now = time.monotonic()
+        for work in batch.seqs:
+            request = self.scheduler.requests[work.request_id]
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+        result = self.worker.execute(batch)
+        self.num_steps += 1
+        decode_ids = {w.request_id for w in batch.seqs if w.sample and len(w.token_ids) == 1}
+        for request, appended in self.scheduler.update(batch, result):
+            tracked = self._tracked[request.request_id]
+            seq_result = result.results[request.request_id]
+            if request.request_id in decode_ids:
+                tracked.spec.num_steps += 1
+                tracked.spec.num_draft_tokens += seq_result.num_draft_tokens
+                tracked.spec.num_accepted_tokens += seq_result.num_accepted_tokens
+                tracked.spec.num_emitted_tokens += len(seq_result.new_token_ids)
+            if tracked.first_token_time is None:
+                tracked.first_token_time = time.monotonic()
+            if tracked.detok.add(appended) and not request.is_finished:
+                self.scheduler.finish(request.request_id, "stop")
+            logprobs = seq_result.logprobs[: len(appended)] if seq_result.logprobs else None
+            outputs.append(self._output(tracked, appended, logprobs, seq_result.num_accepted_tokens))
+            if request.is_finished:
+                del self._tracked[request.request_id]
+        return outputs
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._pending)
+
+    @property
+    def num_running(self) -> int:
+        return self.scheduler.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler.num_waiting
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.block_manager.usage
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise InvalidRequestError("this model has no chat template; use /v1/completions", param="messages")
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def _tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt must not be empty", param="prompt")
+            return list(self.tokenizer(prompt).input_ids)
+        if not prompt:
+            raise InvalidRequestError("prompt must not be empty", param="prompt")
+        vocab = self.worker.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt):
+            raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})", param="prompt")
+        return list(prompt)
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (self.worker.generation_eos, self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(source)
+        return frozenset(ids)
+
+    def _output(self, tracked: _Tracked, appended: list[int], logprobs, num_accepted: int = 0) -> RequestOutput:
+        request = tracked.request
+        finished = request.is_finished
+        return RequestOutput(
+            request_id=request.request_id,
+            new_token_ids=appended,
+            new_text=tracked.detok.release(finished),
+            finished=finished,
+            finish_reason=request.finish_reason if finished else None,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_output_tokens=request.num_output_tokens,
+            new_logprobs=logprobs,
+            spec=dataclasses.replace(tracked.spec),
+            num_accepted_tokens_step=num_accepted,
+            arrival_time=request.arrival_time,
+            first_scheduled_time=request.first_scheduled_time,
+            first_token_time=tracked.first_token_time,
+        )

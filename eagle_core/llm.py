@@ -1,0 +1,81 @@
+"""Offline batch generation: `LLM(model=...).generate(prompts, SamplingParams(...))`."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+
+from tqdm.auto import tqdm
+
+from eagle_core.config import EngineConfig, ModelConfig, SpecConfig
+from eagle_core.engine import Engine
+from eagle_core.outputs import SpecStats
+from eagle_core.sampling_params import SamplingParams
+
+
+@dataclass
+class CompletionOutput:
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    spec: SpecStats = field(default_factory=SpecStats)
+
+
+class LLM:
+    """Runs the same engine as the server, synchronously, over a list of prompts."""
+
+    def __init__(
+        self,
+        model: str = ModelConfig.model,
+        dtype: str = "auto",
+        config: EngineConfig | None = None,
+        draft: str | None = None,
+        **model_options,
+    ):
+        config = config or EngineConfig()
+        config = dataclasses.replace(
+            config,
+            model=dataclasses.replace(config.model, model=model, dtype=dtype, **model_options),
+            spec=dataclasses.replace(config.spec, draft=draft) if draft is not None else config.spec,
+        )
+        self.engine = Engine(config)
+        self._ids = itertools.count()
+
+    def generate(
+        self,
+        prompts: str | list[str] | list[list[int]],
+        params: SamplingParams | None = None,
+        use_tqdm: bool = False,
+    ) -> list[CompletionOutput]:
+        prompts = [prompts] if isinstance(prompts, str) else prompts
+        return self._run([p for p in prompts], params or SamplingParams(), use_tqdm)
+
+    def chat(
+        self, conversations: list[dict] | list[list[dict]], params: SamplingParams | None = None, use_tqdm: bool = False
+    ) -> list[CompletionOutput]:
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]
+        prompts = [self.engine.apply_chat_template(c) for c in conversations]
+        return self._run(prompts, params or SamplingParams(), use_tqdm)
+
+    def _run(self, prompts: list, params: SamplingParams, use_tqdm: bool) -> list[CompletionOutput]:
+        by_id: dict[str, CompletionOutput] = {}
+        order = []
+        for prompt in prompts:
+            request_id = f"offline-{next(self._ids)}"
+            self.engine.add_request(request_id, prompt, params)
+            by_id[request_id] = CompletionOutput(self.engine.scheduler.requests[request_id].prompt_token_ids)
+            order.append(request_id)
+        with tqdm(total=len(order), disable=not use_tqdm, desc="generate") as bar:
+            while self.engine.has_unfinished():
+                for out in self.engine.step():
+                    done = by_id[out.request_id]
+                    done.token_ids.extend(out.new_token_ids)
+                    done.text += out.new_text
+                    done.spec = out.spec
+                    if out.finished:
+                        done.finish_reason = out.finish_reason
+                        bar.update(1)
+        return [by_id[i] for i in order]

@@ -1,0 +1,59 @@
+"""A request as the scheduler tracks it (pure Python)."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from eagle_core.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_output_tokens: int
+    """min(params.max_tokens, room left in the context): the hard cap on output_token_ids."""
+    eos_token_ids: frozenset[int] = frozenset()
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    """Tokens of prompt+output whose KV is stored in block_table."""
+    block_table: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_scheduled_time: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def token_slice(self, start: int, stop: int) -> list[int]:
+        """Tokens [start, stop) of prompt + output without building the whole list."""
+        num_prompt = len(self.prompt_token_ids)
+        if stop <= num_prompt:
+            return self.prompt_token_ids[start:stop]
+        if start >= num_prompt:
+            return self.output_token_ids[start - num_prompt : stop - num_prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: stop - num_prompt]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED

@@ -1,0 +1,200 @@
+"""Continuous-batching scheduler: pure Python bookkeeping, no tensors.
+
+Each step it decides which sequences run and how many tokens each computes, under two budgets:
+tokens per step (`max_num_batched_tokens`, draft-tree tokens included) and KV blocks. Policy:
+
+1. Running sequences first, oldest first. A decoding sequence computes its one last token plus
+   `num_draft_slots` draft-tree tokens; a sequence still prefilling computes its next chunk.
+   When KV blocks run out, the newest running sequence is preempted: its blocks are freed and
+   it goes back to the front of the waiting queue, to be recomputed later (prompt + output so
+   far are simply prefilled again).
+2. Then, if nothing was preempted, waiting requests are admitted first-come-first-served while
+   sequence slots, tokens and blocks remain. Long prompts are split into chunks.
+
+Every decoding sequence of a step is part of the same worker call, i.e. one target forward.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from eagle_core.batch import ScheduledBatch, SeqWork, StepResult
+from eagle_core.config import SchedulerConfig
+from eagle_core.kv import BlockManager
+from eagle_core.request import Request, RequestStatus
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, num_draft_slots: int = 0):
+        self.config = config
+        self.blocks = block_manager
+        self.num_draft_slots = num_draft_slots
+        """Draft-tree tokens per decoding sequence per step (tree size minus its root)."""
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._finished_ids: list[str] = []
+        self.num_preemptions = 0
+
+    # ---- queue management -------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish(self, request_id: str, reason: str) -> Request | None:
+        """Finish (or abort) a request wherever it is and free its KV. Idempotent."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request.status is RequestStatus.WAITING:
+            self.waiting.remove(request)
+        self.blocks.free(request.block_table)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        self._finished_ids.append(request_id)
+        return request
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- scheduling ---------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledBatch:
+        budget = self.config.max_num_batched_tokens
+        work: list[SeqWork] = []
+        preempted = False
+
+        for request in list(self.running):
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new, num_draft = self._plan(request, budget)
+            if num_new == 0:
+                continue
+            if not self._reserve(request, num_new + num_draft):
+                preempted = True
+                continue
+            work.append(self._work(request, num_new, num_draft))
+            budget -= num_new + num_draft
+
+        while (
+            not preempted
+            and self.waiting
+            and budget > 0
+            and len(self.running) < self.config.max_num_seqs
+        ):
+            request = self.waiting[0]
+            num_new, _ = self._plan(request, budget)
+            if not self.blocks.can_grow(request.block_table, request.num_computed_tokens + num_new):
+                break  # FCFS: never let a later request overtake the head of the queue
+            self.waiting.popleft()
+            self.blocks.grow(request.block_table, request.num_computed_tokens + num_new)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            work.append(self._work(request, num_new, 0))
+            budget -= num_new
+
+        finished, self._finished_ids = self._finished_ids, []
+        return ScheduledBatch(seqs=work, finished_request_ids=finished)
+
+    def _plan(self, request: Request, budget: int) -> tuple[int, int]:
+        """(tokens to compute, draft slots) for this request within `budget` tokens."""
+        remaining = request.num_tokens - request.num_computed_tokens
+        if remaining > 1:  # prefilling (a new prompt or a recompute after preemption)
+            return min(remaining, budget), 0
+        if budget < 1:
+            return 0, 0
+        # Drafting past the output cap is wasted work: at most max_output - output - 1 drafts
+        # can be accepted before the bonus token reaches the cap.
+        room = request.max_output_tokens - request.num_output_tokens - 1
+        return 1, max(0, min(self.num_draft_slots, budget - 1, room))
+
+    def _reserve(self, request: Request, num_tokens: int) -> bool:
+        """Grow `request`'s blocks for num_tokens more tokens, preempting newer requests as needed.
+
+        Returns False when `request` itself had to be preempted.
+        """
+        target = request.num_computed_tokens + num_tokens
+        while not self.blocks.can_grow(request.block_table, target):
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is request:
+                return False
+        self.blocks.grow(request.block_table, target)
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.blocks.free(request.block_table)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.WAITING
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _work(self, request: Request, num_new: int, num_draft: int) -> SeqWork:
+        start = request.num_computed_tokens
+        return SeqWork(
+            request_id=request.request_id,
+            token_ids=request.token_slice(start, start + num_new),
+            start_pos=start,
+            block_table=request.block_table,
+            sample=start + num_new == request.num_tokens,
+            num_draft_slots=num_draft,
+            params=request.params,
+            prompt_token_ids=request.prompt_token_ids,
+            output_token_ids=request.output_token_ids,
+            max_new_tokens=request.max_output_tokens - request.num_output_tokens,
+        )
+
+    # ---- applying a step's results ------------------------------------------------------
+
+    def update(self, batch: ScheduledBatch, result: StepResult) -> list[tuple[Request, list[int]]]:
+        """Apply the worker's result. Returns (request, tokens appended this step) for every
+        request that sampled, including requests this step finished (status FINISHED)."""
+        news: list[tuple[Request, list[int]]] = []
+        for work in batch.seqs:
+            request = self.requests.get(work.request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue  # aborted while the step ran
+            request.num_computed_tokens += len(work.token_ids)
+            seq_result = result.results.get(work.request_id)
+            if seq_result is None:
+                continue
+            # Accepted drafts' KV was kept (compacted after token_ids); the bonus token's was not.
+            request.num_computed_tokens += seq_result.num_accepted_tokens
+            appended, reason = self._append(request, seq_result.new_token_ids)
+            if reason is not None:
+                self.finish(request.request_id, reason)
+            news.append((request, appended))
+        return news
+
+    def _append(self, request: Request, token_ids: list[int]) -> tuple[list[int], str | None]:
+        """Append tokens one by one, stopping at EOS, a stop id or the length cap.
+
+        The stop token itself is not appended (its text is never shown)."""
+        params = request.params
+        appended: list[int] = []
+        for token_id in token_ids:
+            stops = token_id in params.stop_token_ids or (
+                not params.ignore_eos and token_id in request.eos_token_ids
+            )
+            if stops:
+                return appended, "stop"
+            request.output_token_ids.append(token_id)
+            appended.append(token_id)
+            if request.num_output_tokens >= request.max_output_tokens:
+                return appended, "length"
+        return appended, None

@@ -1,0 +1,70 @@
+"""Paged, tree-capable attention plugged into transformers' model code.
+
+We keep transformers' own modeling code (projections, RoPE, MLPs, norms) and replace only the
+attention call: `register()` adds a function to transformers' AttentionInterface, and the model
+is loaded with `attn_implementation=ATTN_NAME`. Each layer then calls `paged_attention` with
+the step's new queries/keys/values; per-step metadata (`AttentionMetadata`, built once per step
+by the model runner) and the `KVStorage` reach it through the forward's **kwargs, which
+transformers passes down to the attention function unchanged.
+
+All sequences of a step are packed into one row of T tokens. Sequences with the same number of
+new tokens form a group that shares one sdpa call (all decoding sequences of a step usually form
+one group; each prefill chunk tends to be its own group), so there is no query padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+
+ATTN_NAME = "eagle_paged"
+
+
+@dataclass
+class AttnGroup:
+    query_index: torch.Tensor  # [B, Q] long: positions of each sequence's new tokens in the packed row
+    key_slots: torch.Tensor  # [B, L] long: KV slots of positions 0..L-1 (padding points at slot 0)
+    mask: torch.Tensor  # [B, 1, Q, L] bool: True where query may attend key
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] long: KV slot of each new token
+    groups: list[AttnGroup]
+
+
+def paged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [1, heads, T, head_dim]
+    key: torch.Tensor,  # [1, kv_heads, T, head_dim]
+    value: torch.Tensor,  # [1, kv_heads, T, head_dim]
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    eagle_meta: AttentionMetadata | None = None,
+    eagle_kv=None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    if eagle_meta is None or eagle_kv is None:
+        raise RuntimeError(f"{ATTN_NAME} attention needs eagle_meta and eagle_kv in the forward kwargs")
+    layer = module.layer_idx
+    # [T, kv_heads, head_dim] each
+    eagle_kv.write(layer, eagle_meta.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))
+    num_tokens = query.shape[2]
+    out = query.new_empty(num_tokens, query.shape[1], query.shape[3])  # [T, heads, head_dim]
+    for group in eagle_meta.groups:
+        # [heads, B, Q, head_dim] -> [B, heads, Q, head_dim]
+        q = query[0][:, group.query_index].transpose(0, 1)
+        k, v = eagle_kv.gather(layer, group.key_slots)  # [B, kv_heads, L, head_dim]
+        o = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=group.mask, scale=scaling, enable_gqa=q.shape[1] != k.shape[1]
+        )  # [B, heads, Q, head_dim]
+        out[group.query_index.reshape(-1)] = o.transpose(1, 2).reshape(-1, *out.shape[1:])
+    return out.unsqueeze(0), None  # [1, T, heads, head_dim], as transformers expects
+
+
+def register() -> None:
+    AttentionInterface.register(ATTN_NAME, paged_attention)

@@ -1,0 +1,79 @@
+"""The worker: loads the model(s), sizes the KV storage, executes scheduled batches."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from eagle_core.batch import ScheduledBatch, StepResult
+from eagle_core.config import EngineConfig
+from eagle_core.kv import blocks_needed
+from eagle_core.worker import attention
+from eagle_core.worker.kv_storage import KVStorage
+from eagle_core.worker.loader import load_model
+from eagle_core.worker.model_runner import PlainRunner, TargetModel, kv_shape
+from eagle_core.worker.sampler import Sampler
+
+logger = logging.getLogger(__name__)
+
+# Without an explicit --max-model-len, very long model contexts are capped so that a default
+# KV budget still holds several sequences.
+_DEFAULT_MAX_MODEL_LEN_CAP = 8192
+
+
+class Worker:
+    def __init__(self, config: EngineConfig):
+        attention.register()
+        loaded = load_model(config.model, attn_implementation=attention.ATTN_NAME)
+        self.config = derive_config(config, loaded.model.config, loaded.dtype)
+        self.tokenizer = loaded.tokenizer
+        self.model_name = loaded.name
+        self.device = loaded.device
+        self.dtype = loaded.dtype
+        self.vocab_size = loaded.model.get_output_embeddings().weight.shape[0]
+        generation_config = getattr(loaded.model, "generation_config", None)
+        self.generation_eos = getattr(generation_config, "eos_token_id", None)
+        cache = self.config.cache
+        self.target = TargetModel(loaded, cache.kv_cache_tokens, cache.block_size)
+        self.sampler = Sampler(self.device)
+        self.num_draft_slots = 0
+        self.runner = PlainRunner(self.target, self.sampler)
+        logger.info(
+            "model %s on %s (%s); max_model_len %d; KV %d tokens in %d-token blocks",
+            self.model_name, self.device, str(self.dtype).removeprefix("torch."),
+            self.config.model.max_model_len, cache.kv_cache_tokens, cache.block_size,
+        )
+
+    def execute(self, batch: ScheduledBatch) -> StepResult:
+        return self.runner.execute(batch)
+
+
+def derive_config(config: EngineConfig, model_config, dtype) -> EngineConfig:
+    """Fill in max_model_len and the KV size in tokens (a new config; the input is frozen)."""
+    model_max = getattr(model_config, "max_position_embeddings", None) or _DEFAULT_MAX_MODEL_LEN_CAP
+    max_model_len = config.model.max_model_len or min(model_max, _DEFAULT_MAX_MODEL_LEN_CAP)
+    if max_model_len > model_max:
+        raise ValueError(f"max_model_len {max_model_len} exceeds the model's context of {model_max} tokens")
+    window = getattr(model_config, "sliding_window", None)
+    if window is not None and window < max_model_len:
+        raise ValueError(
+            f"the model uses sliding-window attention ({window} tokens), which eagle-serve does not "
+            f"implement; pass --max-model-len {window} or less"
+        )
+    cache = config.cache
+    tokens = cache.kv_cache_tokens
+    if tokens is None:
+        per_token = KVStorage.bytes_per_token(*kv_shape(model_config), dtype)
+        tokens = int(cache.kv_cache_memory_gb * 2**30) // per_token
+    tokens = blocks_needed(tokens, cache.block_size) * cache.block_size
+    needed = max_model_len + config.spec.num_draft_tokens
+    if tokens < needed:
+        raise ValueError(
+            f"KV budget of {tokens} tokens cannot hold one full-length sequence ({needed} tokens); "
+            "raise the KV budget or lower max_model_len"
+        )
+    return dataclasses.replace(
+        config,
+        model=dataclasses.replace(config.model, max_model_len=max_model_len),
+        cache=dataclasses.replace(cache, kv_cache_tokens=tokens),
+    )
