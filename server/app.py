@@ -1,0 +1,252 @@
+"""FastAPI application factory: wiring only (state, middleware, error handlers, routes).
+
+`create_app(engine_client, settings)` holds no module-level state, so tests build as many apps as
+they like. The app starts the engine client in its lifespan if nobody started it yet: uvicorn is
+already listening while the model loads, so /health can answer 503 until the engine is ready.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from eagle_core.errors import InvalidRequestError
+from server.engine_client import EngineClient, EngineNotReady, EngineStepError, QueueFull
+from server.errors import (
+    APIError,
+    bad_request,
+    error_body,
+    error_response,
+    internal_error,
+    not_ready,
+    queue_full,
+)
+from server.metrics import ServerMetrics
+from server.routes import ClientGone, router, validation_error
+from server.settings import ServerSettings
+
+logger = logging.getLogger(__name__)
+
+# Paths that need the API key when one is set. /health and /metrics stay open for probes and
+# scrapers (they reveal no user data).
+_PROTECTED_PREFIXES = ("/v1/", "/tokenize")
+
+
+def create_app(engine_client: EngineClient, settings: ServerSettings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if not engine_client.started:
+            engine_client.start()
+        yield
+        engine_client.shutdown()
+
+    app = FastAPI(title="eagle-serve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.engine_client = engine_client
+    app.state.settings = settings
+    app.state.started_at = int(time.time())
+    app.state.token_texts = None
+    app.state.metrics = ServerMetrics(
+        engine_client, lambda: settings.served_model_name or engine_client.model_name or "default"
+    )
+    app.include_router(router)
+    _add_error_handlers(app)
+    # Outermost first: CORS must answer preflights before the key check (browsers send no
+    # Authorization on OPTIONS) and must decorate 401/413 answers too.
+    app.add_middleware(GuardMiddleware, settings=settings)
+    if settings.allowed_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.allowed_origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["*"],
+        )
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    settings: ServerSettings = app.state.settings
+
+    def answer(request: Request, err: APIError) -> JSONResponse:
+        if err.status >= 400 and err.status != 503:
+            app.state.metrics.record_failure(err.code or str(err.status))
+        return error_response(err)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return answer(request, exc)
+
+    @app.exception_handler(InvalidRequestError)
+    async def invalid_request(request: Request, exc: InvalidRequestError) -> JSONResponse:
+        return answer(request, bad_request(exc.message, exc.param))
+
+    @app.exception_handler(RequestValidationError)
+    async def request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        loc = [str(p) for p in errors[0].get("loc", ()) if p != "body"] if errors else []
+        param = ".".join(loc) or None
+        msg = errors[0].get("msg", "invalid request") if errors else "invalid request"
+        return answer(request, bad_request(f"Invalid value for '{param}': {msg}", param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if exc.status_code == 404 else None
+        err = APIError(
+            exc.status_code,
+            str(exc.detail),
+            "invalid_request_error",
+            None,
+            code,
+            dict(exc.headers or {}),
+        )
+        return answer(request, err)
+
+    @app.exception_handler(QueueFull)
+    async def full(request: Request, exc: QueueFull) -> JSONResponse:
+        return answer(request, queue_full(settings.retry_after_s))
+
+    @app.exception_handler(EngineNotReady)
+    async def loading(request: Request, exc: EngineNotReady) -> JSONResponse:
+        return answer(request, not_ready(settings.retry_after_s))
+
+    @app.exception_handler(ClientGone)
+    async def gone(request: Request, exc: ClientGone) -> Response:
+        # Nobody reads this; 499 (nginx's "client closed request") keeps access logs honest.
+        return Response(status_code=499)
+
+    @app.exception_handler(EngineStepError)
+    async def engine_failed(request: Request, exc: EngineStepError) -> JSONResponse:
+        return answer(request, internal_error())
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        return answer(request, internal_error())
+
+    # A pydantic ValidationError escaping a route is still the client's fault, never a 500.
+    @app.exception_handler(ValidationError)
+    async def pydantic_error(request: Request, exc: ValidationError) -> JSONResponse:
+        return answer(request, validation_error(exc))
+
+
+class GuardMiddleware:
+    """API key check and request body limit, as plain ASGI (no BaseHTTPMiddleware, which
+    interferes with streaming responses and disconnect detection).
+
+    The body is read here, up to the limit, and replayed to the app: a body over the limit is
+    refused with 413 whether or not it declared a Content-Length.
+    """
+
+    def __init__(self, app: ASGIApp, settings: ServerSettings):
+        self.app = app
+        self.api_key = settings.api_key
+        self.max_bytes = settings.max_request_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        if self.api_key and scope["method"] != "OPTIONS" and path.startswith(_PROTECTED_PREFIXES):
+            if not self._authorized(scope):
+                await _send_error(
+                    scope,
+                    send,
+                    401,
+                    error_body(
+                        "Invalid or missing API key: send 'Authorization: Bearer <key>'",
+                        "authentication_error",
+                        None,
+                        "invalid_api_key",
+                    ),
+                    {"WWW-Authenticate": "Bearer"},
+                )
+                return
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await _send_error(scope, send, 413, self._too_large())
+            return
+        body, ok = await self._read_body(receive)
+        if not ok:
+            await _send_error(scope, send, 413, self._too_large())
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, token = value.decode("latin-1").partition(" ")
+                if scheme.lower() == "bearer":
+                    return hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+        return False
+
+    async def _read_body(self, receive: Receive) -> tuple[bytes, bool]:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # disconnected while sending
+                return b"".join(chunks), True
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                return b"", False
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks), True
+
+    def _too_large(self) -> dict:
+        return error_body(
+            f"Request body too large: the limit is {self.max_bytes} bytes",
+            "invalid_request_error",
+            None,
+            "request_too_large",
+        )
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that yields the already-read body once, then the real channel (so the app
+    still sees http.disconnect)."""
+    sent = False
+
+    async def wrapped() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return wrapped
+
+
+async def _send_error(
+    scope: Scope, send: Send, status: int, body: dict, headers: dict | None = None
+) -> None:
+    response = JSONResponse(body, status_code=status, headers=headers)
+    await response(scope, _no_receive, send)
+
+
+async def _no_receive() -> Message:
+    return {"type": "http.disconnect"}

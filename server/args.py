@@ -1,0 +1,262 @@
+"""Command line, config file and environment -> (EngineConfig, ServerSettings).
+
+Every flag maps onto one field of a frozen config dataclass and takes its default and its type
+from that field, so defaults are never written twice. Precedence, lowest to highest:
+dataclass default < `--config FILE` (YAML) < environment `EAGLE_SERVE_<FLAG>` < command-line flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from eagle_core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
+from server.settings import ServerSettings
+
+ENV_PREFIX = "EAGLE_SERVE_"
+
+# The config objects a flag can land in, by section name.
+_SECTIONS: dict[str, type] = {
+    "server": ServerSettings,
+    "model": ModelConfig,
+    "cache": CacheConfig,
+    "scheduler": SchedulerConfig,
+    "spec": SpecConfig,
+}
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str  # "--max-num-seqs"
+    section: str  # key of _SECTIONS
+    field: str  # dataclass field it sets
+    help: str
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.name.lstrip("-").replace("-", "_")
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("--host", "server", "host", "interface to listen on"),
+    Flag("--port", "server", "port", "TCP port"),
+    Flag(
+        "--served-model-name",
+        "server",
+        "served_model_name",
+        "model name clients send (default: the engine's model name)",
+    ),
+    Flag("--api-key", "server", "api_key", "require this bearer token on /v1/* and /tokenize"),
+    Flag(
+        "--allowed-origins",
+        "server",
+        "allowed_origins",
+        "comma-separated CORS origins allowed to call the API ('*' for any)",
+    ),
+    Flag("--max-request-bytes", "server", "max_request_bytes", "largest request body (413 above)"),
+    Flag(
+        "--log-level",
+        "server",
+        "log_level",
+        "logging level",
+        choices=("critical", "error", "warning", "info", "debug"),
+    ),
+    Flag("--model", "model", "model", "HF directory, hub id, .gguf file, or 'smollm2'"),
+    Flag(
+        "--tokenizer", "model", "tokenizer", "tokenizer location when it differs from the model's"
+    ),
+    Flag(
+        "--dtype",
+        "model",
+        "dtype",
+        "weight and activation dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+    ),
+    Flag("--device", "model", "device", "'auto', 'cpu', 'cuda', 'cuda:1', ..."),
+    Flag("--max-model-len", "model", "max_model_len", "longest prompt + completion in tokens"),
+    Flag("--seed", "model", "seed", "engine seed (requests without a seed)"),
+    Flag("--block-size", "cache", "block_size", "tokens per KV block"),
+    Flag(
+        "--kv-cache-tokens", "cache", "kv_cache_tokens", "KV budget in tokens across all sequences"
+    ),
+    Flag(
+        "--kv-cache-memory-gb",
+        "cache",
+        "kv_cache_memory_gb",
+        "KV budget in GiB when --kv-cache-tokens is not given",
+    ),
+    Flag("--max-num-seqs", "scheduler", "max_num_seqs", "most sequences running in one step"),
+    Flag(
+        "--max-num-batched-tokens",
+        "scheduler",
+        "max_num_batched_tokens",
+        "token budget of one step",
+    ),
+    Flag("--max-waiting", "scheduler", "max_waiting", "longest waiting queue (429 past it)"),
+    Flag("--draft", "spec", "draft", "EAGLE draft head path (speculation off without one)"),
+    Flag("--num-draft-tokens", "spec", "num_draft_tokens", "draft tree size including the root"),
+    Flag("--draft-depth", "spec", "depth", "draft forwards per step (tree levels)"),
+    Flag("--draft-top-k", "spec", "top_k", "children expanded per tree node (1 = a chain)"),
+)
+_BY_DEST = {f.dest: f for f in FLAGS}
+# A switch with no field of its own: it clears spec.draft (plain decoding, the speedup baseline).
+NO_SPECULATION = "no_speculation"
+
+
+class ConfigError(ValueError):
+    """A bad config file entry or environment value; the message names the key."""
+
+
+def _field_type(flag: Flag) -> Any:
+    return typing.get_type_hints(_SECTIONS[flag.section])[flag.field]
+
+
+def _field_default(flag: Flag) -> Any:
+    cls = _SECTIONS[flag.section]
+    for f in dataclasses.fields(cls):
+        if f.name == flag.field:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            return f.default_factory()  # type: ignore[misc]
+    raise KeyError(flag.field)
+
+
+def _convert(flag: Flag, value: Any) -> Any:
+    """Turn a string (flag, env) or YAML value into the field's type."""
+    tp = _field_type(flag)
+    args = typing.get_args(tp)
+    optional = type(None) in args
+    if optional:
+        tp = next(a for a in args if a is not type(None))
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("", "none")):
+        if optional:
+            return None
+        raise ConfigError(f"{flag.dest} cannot be empty")
+    origin = typing.get_origin(tp)
+    if origin is tuple:  # tuple[str, ...]: comma-separated string or a YAML list
+        items = value.split(",") if isinstance(value, str) else list(value)
+        return tuple(str(i).strip() for i in items if str(i).strip())
+    if tp is bool:
+        return _to_bool(flag.dest, value)
+    try:
+        converted = tp(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{flag.dest}: expected {tp.__name__}, got {value!r}") from exc
+    if flag.choices and converted not in flag.choices:
+        raise ConfigError(f"{flag.dest}: must be one of {', '.join(flag.choices)}, got {value!r}")
+    return converted
+
+
+def _to_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{key}: expected a boolean, got {value!r}")
+
+
+def _type_name(flag: Flag) -> str:
+    tp = _field_type(flag)
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    return getattr(tp, "__name__", "str").upper()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # SUPPRESS keeps absent flags out of the namespace, so we can tell "given" from "default"
+    # and let the config file and the environment fill the gaps.
+    parser = argparse.ArgumentParser(
+        prog="eagle-serve",
+        description="OpenAI-compatible server with EAGLE speculative decoding.",
+        argument_default=argparse.SUPPRESS,
+        epilog=f"Every flag can also come from the environment as {ENV_PREFIX}<FLAG> "
+        f"(e.g. {ENV_PREFIX}API_KEY) or from the --config YAML file (keys like max_num_seqs).",
+    )
+    parser.add_argument("--config", metavar="FILE", help="YAML file of flag values (flags win)")
+    for flag in FLAGS:
+        parser.add_argument(
+            flag.name,
+            metavar=_type_name(flag),
+            choices=flag.choices,
+            help=f"{flag.help} (default: {_field_default(flag)!r})",
+        )
+    parser.add_argument(
+        "--no-speculation",
+        action="store_true",
+        help="decode without a draft head even if --draft is set (the speedup baseline)",
+    )
+    return parser
+
+
+def _load_yaml(path: str) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    data = yaml.safe_load(file.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of flag names to values")
+    out = {}
+    for key, value in data.items():
+        dest = str(key).lstrip("-").replace("-", "_")
+        if dest not in _BY_DEST and dest != NO_SPECULATION:
+            raise ConfigError(f"{path}: unknown key {key!r}")
+        out[dest] = value
+    return out
+
+
+def _from_env(environ: typing.Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for dest in [*_BY_DEST, NO_SPECULATION]:
+        key = ENV_PREFIX + dest.upper()
+        if key in environ:
+            out[dest] = environ[key]
+    return out
+
+
+def parse_args(
+    argv: Sequence[str] | None = None, environ: typing.Mapping[str, str] | None = None
+) -> tuple[EngineConfig, ServerSettings]:
+    """Parse the command line (plus config file and environment) into the two config objects.
+
+    Raises SystemExit (via argparse) for unknown flags and ConfigError for bad values.
+    """
+    environ = os.environ if environ is None else environ
+    given = vars(build_parser().parse_args(argv))
+    if not given.get(NO_SPECULATION):
+        given.pop(NO_SPECULATION, None)  # store_true always sets it; only True is "given"
+    config_file = given.pop("config", None) or environ.get(ENV_PREFIX + "CONFIG")
+    merged: dict[str, Any] = {}
+    if config_file:
+        merged.update(_load_yaml(config_file))
+    merged.update(_from_env(environ))
+    merged.update(given)
+
+    values: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    for dest, raw in merged.items():
+        if dest == NO_SPECULATION:
+            continue
+        flag = _BY_DEST[dest]
+        values[flag.section][flag.field] = _convert(flag, raw)
+    if _to_bool(NO_SPECULATION, merged.get(NO_SPECULATION, False)):
+        values["spec"]["draft"] = None
+
+    engine_config = EngineConfig(
+        model=ModelConfig(**values["model"]),
+        cache=CacheConfig(**values["cache"]),
+        scheduler=SchedulerConfig(**values["scheduler"]),
+        spec=SpecConfig(**values["spec"]),
+    )
+    return engine_config, ServerSettings(**values["server"])

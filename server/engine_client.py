@@ -1,0 +1,355 @@
+"""Asyncio bridge to the synchronous, single-threaded eagle_core Engine.
+
+One background thread owns the engine: it loads it, then loops
+    apply queued commands (add / abort)  ->  engine.step()  ->  hand outputs to the event loop
+and sleeps on a threading.Event when there is no work. Commands go in through a thread-safe
+queue and are applied *between* steps, because the engine is not thread-safe. Outputs come back
+to the event loop in one `call_soon_threadsafe` per step (not one per request), and are routed to
+per-request asyncio queues there, so every asyncio object is only touched on the loop's thread.
+
+A client request of n choices (or several completion prompts) becomes several engine requests
+with ids `<request_id>-<i>`; RequestStream merges them back as (choice index, RequestOutput).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from eagle_core.outputs import RequestOutput
+from eagle_core.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+# How long the engine thread backs off after engine.step() raised, so that a persistently
+# failing engine does not spin a core while it keeps answering requests with 500s.
+_FAILURE_BACKOFF_S = 0.05
+
+
+class EngineNotReady(RuntimeError):
+    """The engine is still loading (or failed to load)."""
+
+
+class QueueFull(RuntimeError):
+    """The engine's waiting queue (plus commands not yet applied) is at max_waiting."""
+
+
+class EngineStepError(RuntimeError):
+    """engine.step() raised while this request was in flight; the request was aborted."""
+
+
+@dataclass
+class _Add:
+    items: list[tuple[str, str | list[int], SamplingParams]]
+    future: asyncio.Future
+
+
+@dataclass
+class _Abort:
+    request_ids: list[str]
+
+
+class RequestStream:
+    """The outputs of one client request's engine requests, merged in arrival order.
+
+    Iterating yields (index, RequestOutput) until every engine request has finished. Call
+    `abort()` when the client goes away; it is a no-op once everything has finished.
+    """
+
+    def __init__(self, client: EngineClient, request_ids: list[str]):
+        self._client = client
+        self.request_ids = request_ids
+        self._index = {rid: i for i, rid in enumerate(request_ids)}
+        self._unfinished = set(request_ids)
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+    @property
+    def finished(self) -> bool:
+        return not self._unfinished
+
+    def _put(self, item: RequestOutput | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        while self._unfinished:
+            item = await self._queue.get()
+            if isinstance(item, BaseException):
+                self._unfinished.clear()
+                raise item
+            if item.finished:
+                self._unfinished.discard(item.request_id)
+            yield self._index[item.request_id], item
+
+    def abort(self) -> None:
+        if self._unfinished:
+            ids = sorted(self._unfinished)
+            self._unfinished.clear()
+            self._client.abort(ids)
+
+
+class EngineClient:
+    """Owns the engine thread. Create it, `start()` it inside the running event loop, then
+    `submit()` requests. `state` is "loading", "ready" or "failed"."""
+
+    def __init__(self, engine_factory: Callable[[], Any], max_waiting: int):
+        self._factory = engine_factory
+        self.max_waiting = max_waiting
+        self.engine: Any = None
+        self.state = "loading"
+        self.load_error: BaseException | None = None
+        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._streams: dict[str, RequestStream] = {}  # loop thread only
+        self._ready: asyncio.Event | None = None  # created in start(), on the loop
+        # Queue accounting: requests submitted but not yet applied by the engine thread.
+        self._pending_lock = threading.Lock()
+        self._pending = 0
+        # Snapshots published by the engine thread after each step (plain ints: atomic reads).
+        self.num_running = 0
+        self.num_waiting = 0
+        self.peak_running = 0
+        self.num_steps = 0
+        self.engine_stats: dict[str, Any] = {}
+        # Called on the loop thread with each step's outputs (metrics hook in here).
+        self.output_listeners: list[Callable[[list[RequestOutput]], None]] = []
+        self.on_load_failed: Callable[[BaseException], None] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._ready = asyncio.Event()
+        self._thread = threading.Thread(target=self._run, name="eagle-engine", daemon=True)
+        self._thread.start()
+
+    async def wait_ready(self) -> None:
+        assert self._ready is not None, "start() first"
+        await self._ready.wait()
+        if self.state != "ready":
+            raise EngineNotReady(f"engine failed to load: {self.load_error}")
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._stop = True
+        self._commands.put(None)
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ engine facts
+
+    @property
+    def model_name(self) -> str | None:
+        return getattr(self.engine, "model_name", None) if self.engine else None
+
+    @property
+    def max_model_len(self) -> int | None:
+        return getattr(self.engine, "max_model_len", None) if self.engine else None
+
+    @property
+    def tokenizer(self) -> Any:
+        self._require_ready()
+        return self.engine.tokenizer
+
+    def chat_prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of a chat conversation followed by the assistant's turn header.
+
+        Runs on the caller's thread: tokenizing only reads the tokenizer, which is safe next
+        to the engine thread's detokenizing, and keeps the engine loop free of this work."""
+        self._require_ready()
+        if hasattr(self.engine, "apply_chat_template"):
+            return list(self.engine.apply_chat_template(messages))
+        ids = self.engine.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True
+        )
+        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+
+    def _require_ready(self) -> None:
+        if self.state != "ready":
+            raise EngineNotReady(self.state)
+
+    # ------------------------------------------------------------------ requests (loop thread)
+
+    async def submit(
+        self,
+        request_id: str,
+        prompts: Sequence[str | list[int]],
+        params: Sequence[SamplingParams],
+    ) -> RequestStream:
+        """Queue one engine request per (prompt, params) pair; return once the engine accepted
+        them all. Raises QueueFull, EngineNotReady, or the engine's InvalidRequestError, all
+        before any output exists, so the caller can still answer with an error status."""
+        self._require_ready()
+        assert len(prompts) == len(params)
+        count = len(prompts)
+        with self._pending_lock:
+            if self.num_waiting + self._pending + count > self.max_waiting:
+                raise QueueFull()
+            self._pending += count
+        ids = [f"{request_id}-{i}" for i in range(count)]
+        stream = RequestStream(self, ids)
+        for rid in ids:
+            self._streams[rid] = stream
+        future = asyncio.get_running_loop().create_future()
+        self._send(_Add(list(zip(ids, prompts, params, strict=True)), future))
+        try:
+            await future
+        except BaseException:
+            # Rejected by the engine, or the client left while we waited: forget the streams
+            # and make sure nothing of this request stays in the engine.
+            for rid in ids:
+                self._streams.pop(rid, None)
+            if future.cancelled() or not future.done():
+                stream.abort()
+            raise
+        return stream
+
+    def abort(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self._streams.pop(rid, None)
+        self._send(_Abort(list(request_ids)))
+
+    def _send(self, command: _Add | _Abort) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is not None:
+                stream._put(out)
+                if out.finished:
+                    del self._streams[out.request_id]
+        for listener in self.output_listeners:
+            try:
+                listener(outputs)
+            except Exception:  # a metrics bug must not break serving
+                logger.exception("output listener failed")
+
+    def _dispatch_error(self, request_ids: list[str], error: BaseException) -> None:
+        for rid in request_ids:
+            stream = self._streams.pop(rid, None)
+            if stream is not None:
+                stream._put(error)
+
+    def _call_soon(self, fn: Callable, *args: Any) -> None:
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # loop closed during shutdown
+            pass
+
+    # ------------------------------------------------------------------ engine thread
+
+    def _run(self) -> None:
+        try:
+            t0 = time.perf_counter()
+            self.engine = self._factory()
+            logger.info("engine ready in %.1fs", time.perf_counter() - t0)
+            self.state = "ready"
+        except BaseException as exc:  # noqa: BLE001 - report any load failure, then stop
+            logger.exception("engine failed to load")
+            self.load_error = exc
+            self.state = "failed"
+            if self.on_load_failed is not None:
+                self._call_soon(self.on_load_failed, exc)
+            return
+        finally:
+            if self._ready is not None:
+                self._call_soon(self._ready.set)
+        self._loop_forever(self.engine)
+
+    def _loop_forever(self, engine: Any) -> None:
+        active: set[str] = set()  # engine requests added and not yet finished
+        while True:
+            self._apply_commands(engine, active)
+            if self._stop:
+                return
+            if not engine.has_unfinished():
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                outputs = engine.step()
+            except Exception as exc:
+                logger.exception("engine.step() failed; aborting %d requests", len(active))
+                self._fail_all(engine, active, exc)
+                time.sleep(_FAILURE_BACKOFF_S)
+                continue
+            self.num_steps += 1
+            for out in outputs:
+                if out.finished:
+                    active.discard(out.request_id)
+            self._publish_counts(engine)
+            if outputs:
+                self._call_soon(self._dispatch, outputs)
+
+    def _apply_commands(self, engine: Any, active: set[str]) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _Add):
+                self._apply_add(engine, active, command)
+            elif isinstance(command, _Abort):
+                for rid in command.request_ids:
+                    if rid in active:
+                        engine.abort(rid)
+
+    def _apply_add(self, engine: Any, active: set[str], command: _Add) -> None:
+        added: list[str] = []
+        error: BaseException | None = None
+        try:
+            for rid, prompt, params in command.items:
+                engine.add_request(rid, prompt, params)
+                added.append(rid)
+                active.add(rid)
+        except Exception as exc:  # InvalidRequestError (or a bug): all or nothing
+            error = exc
+            for rid in added:
+                engine.abort(rid)
+        self._publish_counts(engine)
+        with self._pending_lock:
+            self._pending -= len(command.items)
+        self._call_soon(_resolve, command.future, error)
+
+    def _fail_all(self, engine: Any, active: set[str], exc: BaseException) -> None:
+        ids = sorted(active)
+        for rid in ids:
+            try:
+                engine.abort(rid)
+            except Exception:
+                logger.exception("abort of %s failed", rid)
+        active.clear()
+        self._publish_counts(engine)
+        self._call_soon(self._dispatch_error, ids, EngineStepError(str(exc)))
+
+    def _publish_counts(self, engine: Any) -> None:
+        self.num_running = int(engine.num_running)
+        self.num_waiting = int(engine.num_waiting)
+        self.peak_running = max(self.peak_running, self.num_running)
+        stats = getattr(engine, "stats", None)
+        if isinstance(stats, dict):
+            self.engine_stats = dict(stats)
+
+
+def _resolve(future: asyncio.Future, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

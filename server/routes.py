@@ -1,0 +1,266 @@
+"""HTTP routes. Each handler: parse -> check model -> build SamplingParams -> submit -> answer.
+
+Bodies are parsed from raw bytes whatever the Content-Type, so `curl -d '{...}'` without
+`-H 'Content-Type: application/json'` works too. Everything that can fail (validation, model
+name, queue full, prompt too long) fails before a stream starts, as a plain HTTP error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+
+from server.choices import (
+    ChoiceState,
+    TokenTexts,
+    chat_logprobs,
+    completion_logprobs,
+    spec_info,
+    usage_of,
+)
+from server.engine_client import EngineClient, RequestStream
+from server.errors import APIError, bad_request, internal_error, model_not_found
+from server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from server.protocol import (
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+    ResponseMessage,
+    TokenizeRequest,
+)
+from server.settings import ServerSettings
+from server.streaming import StreamMeta, chat_stream, completion_stream
+
+M = TypeVar("M", bound=BaseModel)
+
+# How often a non-streaming request checks whether its client is still connected.
+_DISCONNECT_POLL_S = 0.5
+
+router = APIRouter()
+
+
+class ClientGone(Exception):
+    """The client of a non-streaming request disconnected; nothing is sent back."""
+
+
+def _client(request: Request) -> EngineClient:
+    return request.app.state.engine_client
+
+
+def _settings(request: Request) -> ServerSettings:
+    return request.app.state.settings
+
+
+def served_model_name(request: Request) -> str:
+    return _settings(request).served_model_name or _client(request).model_name or "default"
+
+
+def _check_model(request: Request, name: str | None) -> str:
+    """The name echoed back in responses. A request may omit `model` (curl convenience) or use
+    the served name or the engine's own model name; anything else is a 404."""
+    served = served_model_name(request)
+    if name is None or name in (served, _client(request).model_name):
+        return served
+    raise model_not_found(name)
+
+
+async def _parse(request: Request, model: type[M]) -> M:
+    body = await request.body()
+    try:
+        return model.model_validate_json(body or b"{}")
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+def validation_error(exc: ValidationError) -> APIError:
+    """400 naming the first bad parameter, e.g. `messages.0.role`."""
+    err = exc.errors()[0]
+    # Drop pydantic's union-branch markers ("str", "list[TextPart]") so the path names fields.
+    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    loc = [p for p in loc if not any(c in p for c in "[]") and p not in ("str", "int")]
+    param = ".".join(loc) or None
+    if err.get("type") == "json_invalid":
+        return bad_request(f"Request body is not valid JSON: {err.get('msg')}", None)
+    if err.get("type") == "missing":
+        return bad_request(f"Missing required parameter: '{param}'", param)
+    return bad_request(f"Invalid value for '{param}': {err.get('msg')}", param)
+
+
+def _token_texts(request: Request) -> TokenTexts:
+    # One cache per app: token texts never change while the process lives.
+    state = request.app.state
+    if getattr(state, "token_texts", None) is None:
+        tokenizer = _client(request).tokenizer
+        state.token_texts = TokenTexts(lambda ids: tokenizer.decode(ids))
+    return state.token_texts
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+async def _collect(request: Request, stream: RequestStream, num_choices: int) -> list[ChoiceState]:
+    """Gather a whole non-streamed response, aborting if the client disconnects meanwhile."""
+    states = [ChoiceState() for _ in range(num_choices)]
+
+    async def gather() -> None:
+        async for i, out in stream:
+            states[i].update(out)
+
+    task = asyncio.ensure_future(gather())
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
+            if done:
+                task.result()  # re-raises EngineStepError
+                return states
+            if await request.is_disconnected():
+                raise ClientGone()
+    finally:
+        if not task.done():
+            task.cancel()
+        stream.abort()
+
+
+# ---------------------------------------------------------------- routes
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    client = _client(request)
+    if client.state == "ready":
+        return JSONResponse({"status": "ok"})
+    status = "loading" if client.state == "loading" else "failed"
+    return JSONResponse(
+        {"status": status},
+        status_code=503,
+        headers={"Retry-After": str(_settings(request).retry_after_s)},
+    )
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    m: ServerMetrics = request.app.state.metrics
+    return Response(m.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> ModelList:
+    card = ModelCard(
+        id=served_model_name(request),
+        created=request.app.state.started_at,
+        max_model_len=_client(request).max_model_len,
+    )
+    return ModelList(data=[card])
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request) -> dict[str, Any]:
+    req = await _parse(request, TokenizeRequest)
+    _check_model(request, req.model)
+    client = _client(request)
+    if req.messages is not None:
+        tokens = client.chat_prompt_ids([m.to_template() for m in req.messages])
+    elif req.prompt is not None:
+        tokens = list(
+            client.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        )
+    else:
+        raise bad_request("Either 'prompt' or 'messages' is required", "prompt")
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": client.max_model_len}
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    req = await _parse(request, ChatCompletionRequest)
+    model = _check_model(request, req.model)
+    params = [req.sampling_params(i) for i in range(req.n)]
+    client = _client(request)
+    prompt_ids = client.chat_prompt_ids(req.template_messages())
+    request_id = _new_id("chatcmpl")
+    stream = await client.submit(request_id, [prompt_ids] * req.n, params)
+    want_logprobs = req.logprobs
+    if req.stream:
+        meta = StreamMeta(
+            id=request_id,
+            created=int(time.time()),
+            model=model,
+            n=req.n,
+            num_choices=req.n,
+            include_usage=req.include_usage,
+            want_logprobs=want_logprobs,
+            token_texts=_token_texts(request) if want_logprobs else None,  # type: ignore[arg-type]
+        )
+        return chat_stream(stream, meta)
+    states = await _collect(request, stream, req.n)
+    texts = _token_texts(request) if want_logprobs else None
+    choices = [
+        ChatChoice(
+            index=i,
+            message=ResponseMessage(content=s.text),
+            logprobs=chat_logprobs(s.logprobs, texts) if texts else None,
+            finish_reason=s.finish_reason,
+            spec_decode=spec_info(s.spec),
+        )
+        for i, s in enumerate(states)
+    ]
+    body = ChatCompletionResponse(
+        id=request_id, model=model, choices=choices, usage=usage_of(states, req.n)
+    )
+    return JSONResponse(body.model_dump())
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    req = await _parse(request, CompletionRequest)
+    model = _check_model(request, req.model)
+    prompts = req.prompts()
+    # Choice index = prompt index * n + sample index (OpenAI's order for batched prompts).
+    all_prompts = [p for p in prompts for _ in range(req.n)]
+    params = [req.sampling_params(i) for _ in prompts for i in range(req.n)]
+    client = _client(request)
+    request_id = _new_id("cmpl")
+    stream = await client.submit(request_id, all_prompts, params)
+    want_logprobs = req.logprobs is not None
+    if req.stream:
+        meta = StreamMeta(
+            id=request_id,
+            created=int(time.time()),
+            model=model,
+            n=req.n,
+            num_choices=len(all_prompts),
+            include_usage=req.include_usage,
+            want_logprobs=want_logprobs,
+            token_texts=_token_texts(request) if want_logprobs else None,  # type: ignore[arg-type]
+        )
+        return completion_stream(stream, meta)
+    states = await _collect(request, stream, len(all_prompts))
+    texts = _token_texts(request) if want_logprobs else None
+    choices = [
+        CompletionChoice(
+            index=i,
+            text=s.text,
+            logprobs=completion_logprobs(s.logprobs, texts) if texts else None,
+            finish_reason=s.finish_reason,
+            spec_decode=spec_info(s.spec),
+        )
+        for i, s in enumerate(states)
+    ]
+    body = CompletionResponse(
+        id=request_id, model=model, choices=choices, usage=usage_of(states, req.n)
+    )
+    return JSONResponse(body.model_dump())
+
+
+__all__ = ["router", "ClientGone", "internal_error", "validation_error"]

@@ -1,0 +1,27 @@
+"""Server-only settings (HTTP, auth, limits): the one home of their defaults.
+
+Engine settings live in eagle_core.config; this dataclass holds what only the HTTP layer needs.
+server/args.py builds the CLI from both, so every default is written exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    """Interface to listen on; loopback by default so a fresh install is not exposed."""
+    port: int = 8000
+    served_model_name: str | None = None
+    """Name clients pass as `model`; None uses the engine's model name."""
+    api_key: str | None = None
+    """When set, /v1/* and /tokenize require `Authorization: Bearer <key>`."""
+    allowed_origins: tuple[str, ...] = ()
+    """CORS origins allowed to call the API from a browser ("*" for any); none by default."""
+    max_request_bytes: int = 1_048_576
+    """Largest accepted request body; bigger ones get 413 before any parsing."""
+    retry_after_s: int = 1
+    """Retry-After sent with 429 (queue full) and 503 (still loading)."""
+    log_level: str = "info"

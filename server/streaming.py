@@ -1,0 +1,186 @@
+"""Server-sent event streams for chat and completions (sse-starlette).
+
+Event order per stream:
+  chat only: one chunk per choice carrying {"role": "assistant", "content": ""};
+  content chunks with text deltas (and logprobs when asked);
+  one final chunk per choice: empty delta, finish_reason and `spec_decode`;
+  a usage chunk (choices: []) when stream_options.include_usage is set;
+  `data: [DONE]`.
+The stream only starts after the engine accepted the request, so queue-full and validation
+errors are plain HTTP errors, never events inside a 200 stream. When the client disconnects,
+sse-starlette cancels the generator and its `finally` aborts the engine requests, which frees
+their KV at the engine's next step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+from sse_starlette import EventSourceResponse
+
+from server.choices import (
+    ChoiceState,
+    TokenTexts,
+    chat_logprobs,
+    completion_logprobs,
+    spec_info,
+    usage_of,
+)
+from server.engine_client import EngineStepError, RequestStream
+from server.errors import error_body
+from server.protocol import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    CompletionChunk,
+    CompletionChunkChoice,
+    DeltaMessage,
+)
+
+logger = logging.getLogger(__name__)
+
+DONE = {"data": "[DONE]"}
+
+
+@dataclass
+class StreamMeta:
+    """What every chunk of one response repeats."""
+
+    id: str
+    created: int
+    model: str
+    n: int  # choices per prompt
+    num_choices: int
+    include_usage: bool
+    want_logprobs: bool
+    token_texts: TokenTexts
+
+
+def _event(chunk: BaseModel, include_usage: bool) -> dict[str, str]:
+    data = chunk.model_dump()
+    # spec_decode only rides on final chunks; usage only when the client asked for it
+    # (OpenAI sends "usage": null on every chunk in that case).
+    for choice in data["choices"]:
+        if choice.get("spec_decode") is None:
+            choice.pop("spec_decode", None)
+    if not include_usage:
+        data.pop("usage", None)
+    return {"data": json.dumps(data, separators=(",", ":"))}
+
+
+def event_source(events: AsyncIterator[dict[str, str]]) -> EventSourceResponse:
+    # "\n" line endings match OpenAI's own stream byte for byte (the default is "\r\n").
+    return EventSourceResponse(events, sep="\n")
+
+
+async def _guarded(
+    stream: RequestStream, events: AsyncIterator[dict[str, str]]
+) -> AsyncIterator[dict[str, str]]:
+    """Abort on disconnect (the generator is cancelled or closed); report engine failure as a
+    final error event, since the 200 status is already on the wire."""
+    try:
+        async for event in events:
+            yield event
+    except EngineStepError:
+        logger.warning("engine failed during a stream; ending it with an error event")
+        body = error_body("Internal server error", "server_error", None, "internal_error")
+        yield {"data": json.dumps(body)}
+        yield DONE
+    finally:
+        stream.abort()
+
+
+def chat_stream(stream: RequestStream, meta: StreamMeta) -> EventSourceResponse:
+    return event_source(_guarded(stream, _chat_events(stream, meta)))
+
+
+def completion_stream(stream: RequestStream, meta: StreamMeta) -> EventSourceResponse:
+    return event_source(_guarded(stream, _completion_events(stream, meta)))
+
+
+async def _chat_events(stream: RequestStream, meta: StreamMeta) -> AsyncIterator[dict[str, str]]:
+    def chunk(choice: ChatChunkChoice) -> dict[str, str]:
+        return _event(
+            ChatCompletionChunk(
+                id=meta.id, created=meta.created, model=meta.model, choices=[choice]
+            ),
+            meta.include_usage,
+        )
+
+    states = [ChoiceState() for _ in range(meta.num_choices)]
+    for i in range(meta.num_choices):
+        yield chunk(ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content="")))
+    async for i, out in stream:
+        states[i].update(out)
+        if out.new_text or (meta.want_logprobs and out.new_logprobs):
+            logprobs = (
+                chat_logprobs(out.new_logprobs, meta.token_texts)
+                if meta.want_logprobs and out.new_logprobs
+                else None
+            )
+            yield chunk(
+                ChatChunkChoice(
+                    index=i, delta=DeltaMessage(content=out.new_text), logprobs=logprobs
+                )
+            )
+        if out.finished:
+            yield chunk(
+                ChatChunkChoice(
+                    index=i,
+                    delta=DeltaMessage(),
+                    finish_reason=out.finish_reason,
+                    spec_decode=spec_info(out.spec),
+                )
+            )
+    if meta.include_usage:
+        yield _usage_event(ChatCompletionChunk, meta, states)
+    yield DONE
+
+
+async def _completion_events(
+    stream: RequestStream, meta: StreamMeta
+) -> AsyncIterator[dict[str, str]]:
+    def chunk(choice: CompletionChunkChoice) -> dict[str, str]:
+        return _event(
+            CompletionChunk(id=meta.id, created=meta.created, model=meta.model, choices=[choice]),
+            meta.include_usage,
+        )
+
+    states = [ChoiceState() for _ in range(meta.num_choices)]
+    async for i, out in stream:
+        offset = len(states[i].text)
+        states[i].update(out)
+        if out.new_text or (meta.want_logprobs and out.new_logprobs):
+            logprobs = (
+                completion_logprobs(out.new_logprobs, meta.token_texts, offset)
+                if meta.want_logprobs and out.new_logprobs
+                else None
+            )
+            yield chunk(CompletionChunkChoice(index=i, text=out.new_text, logprobs=logprobs))
+        if out.finished:
+            yield chunk(
+                CompletionChunkChoice(
+                    index=i,
+                    text="",
+                    finish_reason=out.finish_reason,
+                    spec_decode=spec_info(out.spec),
+                )
+            )
+    if meta.include_usage:
+        yield _usage_event(CompletionChunk, meta, states)
+    yield DONE
+
+
+def _usage_event(cls: Any, meta: StreamMeta, states: list[ChoiceState]) -> dict[str, str]:
+    chunk = cls(
+        id=meta.id,
+        created=meta.created,
+        model=meta.model,
+        choices=[],
+        usage=usage_of(states, meta.n),
+    )
+    return _event(chunk, include_usage=True)

@@ -1,0 +1,130 @@
+"""Engine client and SSE over a real socket (uvicorn in process, FakeEngine): batching,
+client disconnects abort engine requests, one engine thread."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+import httpx
+import pytest
+import uvicorn
+
+from eagle_core.errors import InvalidRequestError
+from eagle_core.sampling_params import SamplingParams
+from server.app import create_app
+from server.engine_client import EngineClient
+from server.settings import ServerSettings
+
+try:
+    from tests.unit.test_server_fake_engine import FakeEngine
+except ImportError:  # pytest's rootdir-relative import mode
+    from test_server_fake_engine import FakeEngine
+
+
+@contextlib.asynccontextmanager
+async def live_server(engine: FakeEngine, max_waiting: int = 64):
+    client = EngineClient(lambda: engine, max_waiting=max_waiting)
+    app = create_app(client, ServerSettings(served_model_name="fake-model"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    await client.wait_ready()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            yield client, http
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def wait_until(predicate, timeout=5.0):
+    for _ in range(int(timeout / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+async def test_stream_disconnect_aborts_the_request():
+    engine = FakeEngine(max_model_len=100_000)
+    engine.step_delay = 0.005
+    async with live_server(engine) as (client, http):
+        body = {"prompt": "p", "max_tokens": None, "temperature": 1.0, "stream": True}
+        async with http.stream("POST", "/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
+            seen = 0
+            async for line in resp.aiter_lines():
+                if line.startswith("data: "):
+                    seen += 1
+                    if seen == 3:
+                        break
+        await wait_until(lambda: engine.aborted)
+        await wait_until(lambda: client.num_running == 0 and not engine.has_unfinished())
+        assert engine.aborted == [engine.added[0]]
+        resp = await http.post("/v1/completions", json={"prompt": "p", "temperature": 0})
+        assert resp.json()["choices"][0]["text"] == FakeEngine.REPLY[:16]
+
+
+async def test_non_stream_disconnect_aborts_the_request():
+    engine = FakeEngine(max_model_len=100_000)
+    engine.step_delay = 0.005
+    async with live_server(engine) as (client, http):
+        body = {"prompt": "p", "max_tokens": None, "temperature": 1.0}
+        with pytest.raises(httpx.ReadTimeout):
+            await http.post("/v1/completions", json=body, timeout=0.3)
+        await wait_until(lambda: engine.aborted, timeout=5)
+        await wait_until(lambda: client.num_running == 0)
+
+
+async def test_concurrent_streams_are_batched_and_complete():
+    engine = FakeEngine(max_num_seqs=32)
+    engine.step_delay = 0.002
+    async with live_server(engine) as (client, http):
+
+        async def one(i: int) -> str:
+            body = {
+                "messages": [{"role": "user", "content": f"q{i}"}],
+                "temperature": 0,
+                "stream": True,
+            }
+            text = ""
+            async with http.stream("POST", "/v1/chat/completions", json=body) as resp:
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: {"):
+                        delta = json.loads(line[6:])["choices"][0]["delta"]
+                        text += delta.get("content") or ""
+            return text
+
+        texts = await asyncio.gather(*(one(i) for i in range(32)))
+        assert texts == [FakeEngine.REPLY] * 32
+        assert client.peak_running > 1
+        assert engine.peak_running > 1
+        assert engine.used_threads == 1
+        metrics = (await http.get("/metrics")).text
+        peak = [
+            ln for ln in metrics.splitlines() if ln.startswith("eagle_num_requests_running_peak")
+        ]
+        assert float(peak[0].split()[-1]) > 1
+
+
+async def test_submit_is_all_or_nothing_on_invalid_request():
+    engine = FakeEngine(max_model_len=10)
+    client = EngineClient(lambda: engine, max_waiting=8)
+    client.start()
+    await client.wait_ready()
+    try:
+        params = [SamplingParams(max_tokens=2)] * 2
+        with pytest.raises(InvalidRequestError) as info:
+            await client.submit("r", ["ok", "x" * 50], params)
+        assert info.value.param == "prompt"
+        await wait_until(lambda: not engine.has_unfinished())
+        assert engine.aborted == ["r-0"]
+        stream = await client.submit("s", ["ok"], [SamplingParams(max_tokens=2)])
+        outs = [out async for _, out in stream]
+        assert outs[-1].finished and outs[-1].finish_reason == "length"
+    finally:
+        client.shutdown()
