@@ -147,6 +147,7 @@ def load_model(config: ModelConfig, attn_implementation: str = "sdpa") -> Loaded
     model.to(device)
     model.eval()
     tokenizer = _load_tokenizer(config.tokenizer, location, local_only)
+    _warn_on_vocab_mismatch(model, tokenizer)
     logger.info("loaded %s from %s (%s on %s)", name, location, dtype, device)
     return LoadedModel(model, tokenizer, dtype, device, name, location)
 
@@ -163,6 +164,8 @@ def _resolve_model(spec: str) -> tuple[str, bool, str]:
     if path.is_dir():
         _check_hf_dir(path)
         return str(path.resolve()), True, path.resolve().name
+    if path.exists():
+        raise ModelLoadError(f"{path.resolve()} is a file: expected a model directory or a .gguf file")
     location, local_only = _resolve_hub_id(spec, what="model")
     return location, local_only, spec
 
@@ -228,6 +231,17 @@ def _load_tokenizer(spec: str | None, model_location: str, model_local_only: boo
         return AutoTokenizer.from_pretrained(location, gguf_file=gguf_file, local_files_only=local_only)
     except Exception as err:
         raise ModelLoadError(f"could not load tokenizer from {location}: {type(err).__name__}: {err}") from err
+
+
+def _warn_on_vocab_mismatch(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    # Embeddings padded past the tokenizer are normal (Qwen2); the reverse means some token ids
+    # would index past the embedding table, which usually signals a mismatched tokenizer.
+    num_embeddings = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > num_embeddings:
+        logger.warning(
+            "tokenizer has %d tokens but the model embeds only %d: is the tokenizer the model's?",
+            len(tokenizer), num_embeddings,
+        )
 
 
 def _resolve_tokenizer(spec: str) -> tuple[str, bool, str | None]:
@@ -297,18 +311,26 @@ def ensure_gguf_converted(gguf_path: Path) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp's 0o700 would hide a shared cache from other users
     try:
         logger.info("converting GGUF %s (one-time, ~15 s) into %s", gguf_path, target)
         started = time.perf_counter()
         convert_gguf(gguf_path, tmp)
-        os.replace(tmp, target) if not target.exists() else None
+        _publish(tmp, target)
         logger.info("converted GGUF in %.1f s", time.perf_counter() - started)
-    except OSError as err:
-        if not target.is_dir():  # a concurrent converter finishing first is fine; else report
-            raise ModelLoadError(f"could not cache the conversion of {gguf_path}: {err}") from err
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # no-op once published
     return target
+
+
+def _publish(tmp: Path, target: Path) -> None:
+    """Rename the finished conversion into place; a rename is atomic, a copy would not be."""
+    try:
+        os.rename(tmp, target)
+    except OSError as err:
+        if target.is_dir():
+            return  # another process published the same conversion first: use theirs
+        raise ModelLoadError(f"could not cache the converted model at {target}: {err}") from err
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
