@@ -76,8 +76,8 @@ class SeqResult:
     num_accepted_tokens: int = 0
     """Draft tokens accepted; the first num_accepted_tokens of new_token_ids are drafts."""
     logprobs: list[TokenLogprob] | None = None
-    fallback_reason: str | None = None
-    """Set when a request that could speculate decoded plainly this step, and why."""
+    accepted_nodes: list[int] = field(default_factory=list)
+    """Tree node indices of the accepted drafts (worker-internal: used for KV compaction)."""
 
 
 @dataclass

@@ -74,15 +74,25 @@ class PlainRunner:
             return StepResult()
         hidden, offsets, _ = self.target.forward([work_input(w) for w in batch.seqs])
         rows = [i for i, w in enumerate(batch.seqs) if w.sample]
-        if not rows:
-            return StepResult()
-        last = torch.tensor([offsets[i] + len(batch.seqs[i].token_ids) - 1 for i in rows], device=hidden.device)
-        works = [batch.seqs[i] for i in rows]
-        logits = self.target.logits(hidden[last])  # [R, vocab]
-        token_ids, logprobs = self.sampler.sample(logits, works)
-        return StepResult(
-            {
-                w.request_id: SeqResult(w.request_id, [t], logprobs=None if lp is None else [lp])
-                for w, t, lp in zip(works, token_ids, logprobs)
-            }
-        )
+        return StepResult(sample_last_tokens(self.target, self.sampler, hidden, offsets, batch.seqs, rows))
+
+
+def sample_last_tokens(
+    target: TargetModel,
+    sampler: Sampler,
+    hidden: torch.Tensor,  # [T, hidden] the packed forward's output
+    offsets: list[int],
+    works: list[SeqWork],
+    rows: list[int],
+) -> dict[str, SeqResult]:
+    """One new token for each work in `rows`, sampled at its last new token."""
+    if not rows:
+        return {}
+    last = torch.tensor([offsets[i] + len(works[i].token_ids) - 1 for i in rows], device=hidden.device)
+    chosen = [works[i] for i in rows]
+    logits = target.logits(hidden[last])  # [R, vocab]
+    token_ids, logprobs = sampler.sample(logits, chosen)
+    return {
+        w.request_id: SeqResult(w.request_id, [t], logprobs=None if lp is None else [lp])
+        for w, t, lp in zip(chosen, token_ids, logprobs)
+    }

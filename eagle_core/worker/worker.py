@@ -8,11 +8,14 @@ import logging
 from eagle_core.batch import ScheduledBatch, StepResult
 from eagle_core.config import EngineConfig
 from eagle_core.kv import blocks_needed
+from eagle_core.spec.draft_head import load_draft_head
+from eagle_core.spec.drafter import Drafter
 from eagle_core.worker import attention
 from eagle_core.worker.kv_storage import KVStorage
 from eagle_core.worker.loader import load_model
 from eagle_core.worker.model_runner import PlainRunner, TargetModel, kv_shape
 from eagle_core.worker.sampler import Sampler
+from eagle_core.worker.spec_runner import SpecRunner
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +40,11 @@ class Worker:
         self.target = TargetModel(loaded, cache.kv_cache_tokens, cache.block_size)
         self.sampler = Sampler(self.device)
         self.num_draft_slots = 0
-        self.runner = PlainRunner(self.target, self.sampler)
+        self.draft_head = None
+        if self.config.spec.draft:
+            self.runner = self._spec_runner(loaded)
+        else:
+            self.runner = PlainRunner(self.target, self.sampler)
         logger.info(
             "model %s on %s (%s); max_model_len %d; KV %d tokens in %d-token blocks",
             self.model_name, self.device, str(self.dtype).removeprefix("torch."),
@@ -46,6 +53,34 @@ class Worker:
 
     def execute(self, batch: ScheduledBatch) -> StepResult:
         return self.runner.execute(batch)
+
+    def _spec_runner(self, loaded) -> SpecRunner:
+        spec = self.config.spec
+        self.draft_head = load_draft_head(
+            spec.draft,
+            loaded.model.config,
+            self.target.embed_tokens,
+            self.target.lm_head,
+            self.dtype,
+            self.device,
+            attn_implementation=attention.ATTN_NAME,
+        )
+        cache = self.config.cache
+        drafter = Drafter(
+            self.draft_head,
+            spec,
+            num_pool_blocks=cache.kv_cache_tokens // cache.block_size,
+            block_size=cache.block_size,
+            max_num_seqs=self.config.scheduler.max_num_seqs,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self.num_draft_slots = spec.num_draft_tokens - 1
+        logger.info(
+            "EAGLE draft head %s (%s): tree of %d tokens, depth %d, top-k %d",
+            spec.draft, self.draft_head.kind, spec.num_draft_tokens, spec.depth, spec.top_k,
+        )
+        return SpecRunner(self.target, self.sampler, drafter)
 
 
 def derive_config(config: EngineConfig, model_config, dtype) -> EngineConfig:

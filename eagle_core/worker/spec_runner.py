@@ -1,0 +1,134 @@
+"""EAGLE speculative decoding over a scheduled batch: draft, one target forward, verify.
+
+Per step:
+  1. drafter.catch_up: every sequence feeds its owed draft entries (one packed draft forward);
+  2. drafter.build_trees: depth - 1 batched draft forwards build each speculating sequence's tree;
+  3. ONE target forward over prefill chunks, plain decode tokens and every tree (tree mask,
+     depth-based positions);
+  4. verification per sequence (greedy or lossless sampling), KV compaction of the accepted path,
+     and the committed tokens' target features handed back to the drafter.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eagle_core.batch import ScheduledBatch, SeqResult, SeqWork, StepResult
+from eagle_core.spec.drafter import Drafter
+from eagle_core.spec.tree import DraftTree
+from eagle_core.spec.verify import Verification, verify_greedy, verify_sampling
+from eagle_core.worker.inputs import SeqInput
+from eagle_core.worker.model_runner import TargetModel, sample_last_tokens, work_input
+from eagle_core.worker.sampler import Sampler
+
+
+class SpecRunner:
+    def __init__(self, target: TargetModel, sampler: Sampler, drafter: Drafter):
+        self.target = target
+        self.sampler = sampler
+        self.drafter = drafter
+        self.layer_ids = getattr(drafter.head, "layer_ids", None)
+        """EAGLE-3 reads three intermediate layers; EAGLE-1/2 the final-norm output."""
+
+    def execute(self, batch: ScheduledBatch) -> StepResult:
+        self.sampler.drop(batch.finished_request_ids)
+        self.drafter.drop(batch.finished_request_ids)
+        if batch.is_empty:
+            return StepResult()
+        works = batch.seqs
+        root_hidden = self.drafter.catch_up(works)
+        spec_rows = [i for i, w in enumerate(works) if w.num_draft_slots > 0 and w.request_id in root_hidden]
+        trees: dict[int, DraftTree] = {}
+        if spec_rows:
+            spec_works = [works[i] for i in spec_rows]
+            stacked = torch.stack([root_hidden[w.request_id] for w in spec_works])  # [B, hidden]
+            trees = dict(zip(spec_rows, self.drafter.build_trees(spec_works, stacked)))
+
+        seqs = [self._tree_input(w, trees[i]) if i in trees else work_input(w) for i, w in enumerate(works)]
+        hidden, offsets, all_hidden = self.target.forward(seqs, output_hidden_states=self.layer_ids is not None)
+        features = self._features(hidden, all_hidden)  # [T, feature]
+
+        results: dict[str, SeqResult] = {}
+        plain = [i for i, w in enumerate(works) if w.sample and i not in trees]
+        results.update(sample_last_tokens(self.target, self.sampler, hidden, offsets, works, plain))
+        for i in trees:
+            results[works[i].request_id] = self._verify(works[i], trees[i], hidden, offsets[i])
+        self._commit(works, trees, results, features, offsets)
+        return StepResult(results)
+
+    def _tree_input(self, work: SeqWork, tree: DraftTree) -> SeqInput:
+        start = work.start_pos
+        return SeqInput(
+            token_ids=tree.token_ids[0],
+            start_pos=start,
+            block_table=work.block_table,
+            rope_positions=start + tree.depths[0],
+            committed_len=start,
+            tail_mask=tree.ancestor_mask[0],
+        )
+
+    def _features(self, hidden: torch.Tensor, all_hidden) -> torch.Tensor:
+        if self.layer_ids is None:
+            return hidden  # [T, hidden]: the final norm's output, the LM head's input
+        return torch.cat([all_hidden[i][0] for i in self.layer_ids], dim=-1)  # [T, 3 * hidden]
+
+    def _verify(self, work: SeqWork, tree: DraftTree, hidden: torch.Tensor, offset: int) -> SeqResult:
+        num_nodes = tree.num_nodes
+        logits = self.target.logits(hidden[offset : offset + num_nodes])  # [N, vocab]
+        limit = [work.max_new_tokens]
+        if work.params.greedy and not work.params.needs_penalties:
+            verification = verify_greedy(tree, logits.argmax(dim=-1)[None], limit)
+        else:
+            probs = self.sampler.process(logits, [work] * num_nodes, self._histories(work, tree))
+            generator = self.sampler.generator(work.request_id, work.params)
+            verification = verify_sampling(tree, probs[None], [generator], limit)
+        return self._result(work, tree, logits, verification)
+
+    @staticmethod
+    def _histories(work: SeqWork, tree: DraftTree) -> list[list[int]]:
+        """Output tokens preceding each node's sample: output so far + the path below the root."""
+        parents = tree.parents[0].tolist()
+        tokens = tree.token_ids[0].tolist()
+        histories = [list(work.output_token_ids)]
+        for node in range(1, tree.num_nodes):
+            histories.append(histories[parents[node]] + [tokens[node]])
+        return histories
+
+    def _result(self, work: SeqWork, tree: DraftTree, logits: torch.Tensor, verification: Verification) -> SeqResult:
+        accepted = verification.accepted_nodes[0]
+        new_tokens = verification.new_token_ids[0]
+        logprobs = None
+        if work.params.logprobs is not None:
+            path = torch.tensor([0, *accepted][: len(new_tokens)], device=logits.device)
+            logprobs = self.sampler.logprobs(logits[path], new_tokens, [work] * len(new_tokens))
+        return SeqResult(
+            work.request_id,
+            new_tokens,
+            num_draft_tokens=tree.num_nodes - 1,
+            num_accepted_tokens=len(accepted),
+            logprobs=logprobs,
+            accepted_nodes=accepted,
+        )
+
+    def _commit(self, works, trees, results, features: torch.Tensor, offsets: list[int]) -> None:
+        """Keep the accepted paths' KV and hand the committed tokens' features to the drafter."""
+        src, dst = [], []
+        for i, work in enumerate(works):
+            if i in trees:
+                accepted = results[work.request_id].accepted_nodes
+                rows = [0, *accepted]
+                for k, node in enumerate(accepted, start=1):
+                    if node != k:
+                        src.append(self._slot(work, work.start_pos + node))
+                        dst.append(self._slot(work, work.start_pos + k))
+            else:
+                rows = list(range(len(work.token_ids)))
+            index = torch.tensor([offsets[i] + r for r in rows], device=features.device)
+            self.drafter.record(work.request_id, features[index])
+        if src:
+            device = features.device
+            self.target.kv.move(torch.tensor(src, device=device), torch.tensor(dst, device=device))
+
+    def _slot(self, work: SeqWork, position: int) -> int:
+        block_size = self.target.block_size
+        return work.block_table[position // block_size] * block_size + position % block_size
