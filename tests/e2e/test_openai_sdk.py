@@ -1,0 +1,167 @@
+"""The official `openai` SDK against the real server running the default SmolLM2 model."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+
+from tests.e2e.server_process import ServerProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def sdk(smollm2_server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=smollm2_server.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture
+def async_sdk(smollm2_server: ServerProcess) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=smollm2_server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_server_answered_503_while_loading(smollm2_server):
+    assert smollm2_server.saw_loading
+
+
+def test_models(sdk):
+    models = sdk.models.list()
+    assert [m.id for m in models.data] == ["smollm2"]
+
+
+def test_chat(sdk):
+    resp = sdk.chat.completions.create(
+        model="smollm2", messages=MESSAGES, max_tokens=12, temperature=0
+    )
+    choice = resp.choices[0]
+    assert "Paris" in choice.message.content
+    assert choice.message.role == "assistant"
+    assert choice.finish_reason in ("stop", "length")
+    assert resp.usage.completion_tokens <= 12
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
+    spec = choice.model_extra["spec_decode"]
+    assert spec["num_steps"] >= 1 and spec["num_accepted_tokens"] <= spec["num_draft_tokens"]
+
+
+def test_chat_stream_with_usage(sdk):
+    reference = sdk.chat.completions.create(
+        model="smollm2", messages=MESSAGES, max_tokens=12, temperature=0
+    )
+    chunks = list(
+        sdk.chat.completions.create(
+            model="smollm2",
+            messages=MESSAGES,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == reference.choices[0].message.content
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1
+    assert finals[0].choices[0].model_extra["spec_decode"]["num_steps"] >= 1
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == reference.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens == reference.usage.prompt_tokens
+
+
+def test_completions_default_max_tokens_and_stream(sdk):
+    resp = sdk.completions.create(model="smollm2", prompt="Once upon a time", temperature=0)
+    assert resp.usage.completion_tokens == 16  # OpenAI's default max_tokens for completions
+    assert resp.choices[0].finish_reason == "length"
+    stream = sdk.completions.create(
+        model="smollm2", prompt="Once upon a time", temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].text for c in stream if c.choices) == resp.choices[0].text
+
+
+def test_max_tokens_and_stop(sdk):
+    resp = sdk.completions.create(
+        model="smollm2", prompt="1, 2, 3, 4, 5,", max_tokens=20, temperature=0
+    )
+    text = resp.choices[0].text
+    assert " 8" in text, text  # the model counts on
+    stopped = sdk.completions.create(
+        model="smollm2", prompt="1, 2, 3, 4, 5,", max_tokens=20, temperature=0, stop=[" 8"]
+    )
+    assert stopped.choices[0].text == text[: text.index(" 8")]
+    assert stopped.choices[0].finish_reason == "stop"
+    short = sdk.completions.create(
+        model="smollm2", prompt="1, 2, 3, 4, 5,", max_tokens=3, temperature=0
+    )
+    assert short.usage.completion_tokens == 3 and short.choices[0].finish_reason == "length"
+
+
+def test_n2_and_seed_reproducibility(sdk):
+    kwargs = dict(
+        model="smollm2", messages=MESSAGES, max_tokens=16, temperature=1.0, seed=1234, n=2
+    )
+    first = sdk.chat.completions.create(**kwargs)
+    second = sdk.chat.completions.create(**kwargs)
+    assert [c.index for c in first.choices] == [0, 1]
+    texts = [c.message.content for c in first.choices]
+    assert texts == [c.message.content for c in second.choices]
+    assert texts[0] != texts[1]  # choice i samples with seed + i
+    other = sdk.chat.completions.create(**{**kwargs, "seed": 99, "n": 1})
+    assert other.choices[0].message.content not in texts
+
+
+def test_logprobs(sdk):
+    resp = sdk.chat.completions.create(
+        model="smollm2",
+        messages=MESSAGES,
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    content = resp.choices[0].logprobs.content
+    assert len(content) == resp.usage.completion_tokens
+    assert "".join(t.token for t in content) == resp.choices[0].message.content
+    for token in content:
+        assert len(token.top_logprobs) == 3
+        assert token.logprob == pytest.approx(max(t.logprob for t in token.top_logprobs))
+    comp = sdk.completions.create(
+        model="smollm2", prompt="Hello", max_tokens=3, temperature=0, logprobs=2
+    )
+    lp = comp.choices[0].logprobs
+    assert len(lp.tokens) == 3 and len(lp.top_logprobs[0]) == 2
+
+
+async def test_async_chat_and_completion_streams(async_sdk):
+    async def chat_text() -> str:
+        stream = await async_sdk.chat.completions.create(
+            model="smollm2", messages=MESSAGES, max_tokens=10, temperature=0, stream=True
+        )
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    async def completion_text() -> str:
+        resp = await async_sdk.completions.create(
+            model="smollm2", prompt="The sky is", max_tokens=6, temperature=0
+        )
+        return resp.choices[0].text
+
+    a, b, c = await asyncio.gather(chat_text(), chat_text(), completion_text())
+    assert a == b and "Paris" in a
+    assert c
+    plain = await async_sdk.chat.completions.create(
+        model="smollm2", messages=MESSAGES, max_tokens=10, temperature=0
+    )
+    assert plain.choices[0].message.content == a
+    await async_sdk.close()
+
+
+def test_sdk_raises_typed_errors(sdk):
+    with pytest.raises(openai.NotFoundError) as info:
+        sdk.chat.completions.create(model="gpt-4o", messages=MESSAGES)
+    assert info.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.chat.completions.create(model="smollm2", messages=MESSAGES, temperature=3)
+    assert info.value.body["param"] == "temperature"
