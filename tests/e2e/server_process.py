@@ -40,13 +40,15 @@ class ServerProcess:
     def log_tail(self, n: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
-    def metric(self, name: str) -> float:
-        """Sum of all samples of a metric on /metrics (0 if absent)."""
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples of a metric on /metrics whose labels include `labels`."""
         text = httpx.get(self.url + "/metrics", timeout=10).text
+        wanted = [f'{k}="{v}"' for k, v in labels.items()]
         total = 0.0
         for line in text.splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                total += float(line.rsplit(" ", 1)[1])
+            sample, _, value = line.rpartition(" ")
+            if sample.split("{")[0] == name and all(w in sample for w in wanted):
+                total += float(value)
         return total
 
 
