@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -62,7 +63,9 @@ def create_app(engine_client: EngineClient, settings: ServerSettings) -> FastAPI
     _add_error_handlers(app)
     # Outermost first: CORS must answer preflights before the key check (browsers send no
     # Authorization on OPTIONS) and must decorate 401/413 answers too.
-    app.add_middleware(GuardMiddleware, settings=settings)
+    app.add_middleware(
+        GuardMiddleware, settings=settings, on_reject=app.state.metrics.record_failure
+    )
     if settings.allowed_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -146,8 +149,14 @@ class GuardMiddleware:
     refused with 413 whether or not it declared a Content-Length.
     """
 
-    def __init__(self, app: ASGIApp, settings: ServerSettings):
+    def __init__(
+        self,
+        app: ASGIApp,
+        settings: ServerSettings,
+        on_reject: Callable[[str], None] | None = None,
+    ):
         self.app = app
+        self.on_reject = on_reject or (lambda reason: None)
         self.api_key = settings.api_key
         self.max_bytes = settings.max_request_bytes
 
@@ -158,6 +167,7 @@ class GuardMiddleware:
         path: str = scope["path"]
         if self.api_key and scope["method"] != "OPTIONS" and path.startswith(_PROTECTED_PREFIXES):
             if not self._authorized(scope):
+                self.on_reject("invalid_api_key")
                 await _send_error(
                     scope,
                     send,
@@ -176,10 +186,12 @@ class GuardMiddleware:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
+            self.on_reject("request_too_large")
             await _send_error(scope, send, 413, self._too_large())
             return
         body, ok = await self._read_body(receive)
         if not ok:
+            self.on_reject("request_too_large")
             await _send_error(scope, send, 413, self._too_large())
             return
         await self.app(scope, _replay(body, receive), send)

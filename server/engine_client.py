@@ -244,6 +244,9 @@ class EngineClient:
             if stream is not None:
                 stream._put(error)
 
+    def _fail_streams(self, error: BaseException) -> None:
+        self._dispatch_error(list(self._streams), error)
+
     def _call_soon(self, fn: Callable, *args: Any) -> None:
         assert self._loop is not None
         try:
@@ -269,7 +272,13 @@ class EngineClient:
         finally:
             if self._ready is not None:
                 self._call_soon(self._ready.set)
-        self._loop_forever(self.engine)
+        try:
+            self._loop_forever(self.engine)
+        except BaseException as exc:  # noqa: BLE001 - a dead loop must be visible, not a hang
+            logger.exception("engine loop died")
+            self.load_error = exc
+            self.state = "failed"  # /health turns 503 so an orchestrator restarts us
+            self._call_soon(self._fail_streams, EngineStepError(str(exc)))
 
     def _loop_forever(self, engine: Any) -> None:
         active: set[str] = set()  # engine requests added and not yet finished

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
+from eagle_core.errors import InvalidRequestError
 from server.choices import (
     ChoiceState,
     TokenTexts,
@@ -189,7 +190,12 @@ async def chat_completions(request: Request) -> Response:
     client = _client(request)
     prompt_ids = client.chat_prompt_ids(req.template_messages())
     request_id = _new_id("chatcmpl")
-    stream = await client.submit(request_id, [prompt_ids] * req.n, params)
+    try:
+        stream = await client.submit(request_id, [prompt_ids] * req.n, params)
+    except InvalidRequestError as exc:
+        # The engine speaks of "prompt"; a chat client sent "messages".
+        param = "messages" if exc.param == "prompt" else exc.param
+        raise InvalidRequestError(exc.message, param) from None
     want_logprobs = req.logprobs
     if req.stream:
         meta = StreamMeta(

@@ -322,7 +322,7 @@ async def test_health_reports_load_failure():
         ({"model": "fake-model"}, "messages"),
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
-        (chat(messages=[{"role": "user", "content": "x" * 600}]), "prompt"),
+        (chat(messages=[{"role": "user", "content": "x" * 600}]), "messages"),
     ],
 )
 async def test_chat_400_names_the_parameter(server, body, param):
@@ -375,6 +375,11 @@ async def test_401_when_api_key_is_set():
         )
         assert ok.status_code == 200
         assert (await http.get("/health")).status_code == 200  # probes need no key
+        metrics = (await http.get("/metrics")).text
+        assert (
+            'eagle_request_failure_total{model_name="fake-model",reason="invalid_api_key"} 3.0'
+            in metrics
+        )
     finally:
         await http.aclose()
         client.shutdown()
@@ -495,6 +500,29 @@ async def test_cors_preflight_and_headers():
         )
         assert resp.status_code == 401
         assert resp.headers["access-control-allow-origin"] == "http://ui.example"
+    finally:
+        await http.aclose()
+        client.shutdown()
+
+
+async def test_dead_engine_loop_fails_requests_and_health():
+    engine = FakeEngine()
+    engine.step_delay = 0.01
+    _, client, http = await make_server(engine=engine)
+    await client.wait_ready()
+    try:
+
+        def broken() -> bool:
+            raise RuntimeError("loop bug")
+
+        task = asyncio.create_task(http.post("/v1/chat/completions", json=chat(max_tokens=None)))
+        await asyncio.sleep(0.05)
+        engine.has_unfinished = broken
+        resp = await task
+        assert_error(resp, 500, code="internal_error")
+        assert "loop bug" not in resp.text
+        health = await http.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "failed"
     finally:
         await http.aclose()
         client.shutdown()
