@@ -117,10 +117,9 @@ class SpecRunner:
             if i in trees:
                 accepted = results[work.request_id].accepted_nodes
                 rows = [0, *accepted]
-                for k, node in enumerate(accepted, start=1):
-                    if node != k:
-                        src.append(self._slot(work, work.start_pos + node))
-                        dst.append(self._slot(work, work.start_pos + k))
+                moves = accepted_path_moves(work.block_table, work.start_pos, accepted, self.target.block_size)
+                src += moves[0]
+                dst += moves[1]
             else:
                 rows = list(range(len(work.token_ids)))
             index = torch.tensor([offsets[i] + r for r in rows], device=features.device)
@@ -129,6 +128,23 @@ class SpecRunner:
             device = features.device
             self.target.kv.move(torch.tensor(src, device=device), torch.tensor(dst, device=device))
 
-    def _slot(self, work: SeqWork, position: int) -> int:
-        block_size = self.target.block_size
-        return work.block_table[position // block_size] * block_size + position % block_size
+
+def accepted_path_moves(
+    block_table: list[int], start: int, accepted: list[int], block_size: int
+) -> tuple[list[int], list[int]]:
+    """KV slot moves (src, dst) that make an accepted path contiguous.
+
+    Tree node n was stored at position start + n (the root at `start`); the k-th accepted node
+    must end up at start + k so the sequence's KV is contiguous again. Nodes already in place
+    are not moved. Path nodes have increasing indices, so every destination is at or before
+    its source."""
+
+    def slot(position: int) -> int:
+        return block_table[position // block_size] * block_size + position % block_size
+
+    src, dst = [], []
+    for k, node in enumerate(accepted, start=1):
+        if node != k:
+            src.append(slot(start + node))
+            dst.append(slot(start + k))
+    return src, dst

@@ -1,0 +1,164 @@
+"""EAGLE speculative decoding in the engine: lossless greedy and sampling, real acceptance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from eagle_core import SamplingParams, SpecConfig
+from eagle_core.spec import verify as verify_module
+from tests.engine_helpers import make_engine, random_prompts, run_staggered
+from tests.models import TINY_VOCAB_SIZE
+from tests.spec_helpers import bigram_target_dir, oracle_head_dir, random_head_dir
+
+TREES = {
+    "tree": SpecConfig(num_draft_tokens=12, depth=4, top_k=3),
+    "chain": SpecConfig(num_draft_tokens=5, depth=4, top_k=1),
+}
+
+
+@pytest.fixture(scope="module")
+def bigram(tmp_path_factory, tiny_llama_dir):
+    root = tmp_path_factory.mktemp("bigram")
+    target = bigram_target_dir(tiny_llama_dir, root / "target")
+    return target, oracle_head_dir(target, root / "oracle")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("tree", sorted(TREES))
+def test_greedy_with_a_random_head_equals_plain_decoding(tiny_model_dirs, tmp_path, arch, tree):
+    model_dir = tiny_model_dirs[arch]
+    head = random_head_dir(model_dir, tmp_path / "head")
+    prompts = random_prompts(11, [3 + 7 * i for i in range(20)], TINY_VOCAB_SIZE)
+    params = SamplingParams(temperature=0, max_tokens=20)
+    plain = run_staggered(make_engine(model_dir, max_num_seqs=8), prompts, params, first=8)
+    spec_engine = make_engine(model_dir, draft=str(head), spec=TREES[tree], max_num_seqs=8)
+    spec = run_staggered(spec_engine, prompts, params, first=8)
+    assert spec == plain
+
+
+@pytest.mark.parametrize(
+    ("spec", "min_tau"),
+    [
+        # A chain of 5 drafts is accepted whole: 6 tokens per step until the length cap.
+        (SpecConfig(num_draft_tokens=6, depth=5, top_k=1), 4.5),
+        # A tree of 8 nodes over flat random-model distributions is bushy, so shallower.
+        (SpecConfig(num_draft_tokens=8, depth=5, top_k=2), 2.0),
+    ],
+)
+def test_oracle_head_is_accepted_deep_and_stays_exact(bigram, spec, min_tau):
+    target, oracle = bigram
+    prompts = random_prompts(12, [4, 9, 15, 30, 2, 7, 12, 20], TINY_VOCAB_SIZE)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    plain = run_staggered(make_engine(target), prompts, params)
+    engine = make_engine(target, draft=str(oracle), spec=spec)
+    outputs = {}
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    while engine.has_unfinished():
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+            if out.finished:
+                assert out.spec.mean_acceptance_length > min_tau, out.spec
+    assert outputs == plain
+
+
+def test_seeded_sampling_with_penalties_is_identical_with_and_without_speculation(bigram, tmp_path):
+    """Each emitted token is one draw from the same per-request generator in both modes, and the
+    penalised distribution at a tree node uses that node's own history: same seed, same text."""
+    target, oracle = bigram
+    prompts = random_prompts(13, [5, 11, 17, 23], TINY_VOCAB_SIZE)
+    params = SamplingParams(
+        temperature=0.8, top_k=20, seed=7, max_tokens=30, ignore_eos=True,
+        presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2,
+    )
+    plain = run_staggered(make_engine(target), prompts, params)
+    spec = run_staggered(make_engine(target, draft=str(oracle)), prompts, params)
+    assert spec == plain
+
+
+def _first_three_counts(engine, prompt, params, num_samples: int) -> dict[tuple[int, ...], int]:
+    counts: dict[tuple[int, ...], int] = {}
+    batch = 64
+    for start in range(0, num_samples, batch):
+        outputs: dict[str, list[int]] = {}
+        for i in range(start, min(start + batch, num_samples)):
+            engine.add_request(f"s{i}", prompt, SamplingParams(**{**params, "seed": i}))
+        while engine.has_unfinished():
+            for out in engine.step():
+                outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+        for tokens in outputs.values():
+            key = tuple(tokens[:3])
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _exact_first_three(target_dir, prompt, top_k: int) -> dict[tuple[int, ...], float]:
+    """The target's exact distribution of its first three sampled tokens under top-k, T=1."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+
+    def step(prefix):
+        with torch.inference_mode():
+            logits = model(torch.tensor([prefix])).logits[0, -1]
+        top = torch.topk(logits, top_k)
+        probs = torch.softmax(top.values, dim=-1)
+        return list(zip(top.indices.tolist(), probs.tolist()))
+
+    exact = {}
+    for a, pa in step(prompt):
+        for b, pb in step(prompt + [a]):
+            for c, pc in step(prompt + [a, b]):
+                exact[(a, b, c)] = pa * pb * pc
+    return exact
+
+
+def _chi_square_pvalue(counts, exact, num_samples) -> float:
+    keys = sorted(exact)
+    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
+    assert observed.sum() + sum(v for k, v in counts.items() if k not in exact) == num_samples
+    assert all(k in exact for k in counts), "a sample fell outside the target's support"
+    expected = np.array([exact[k] for k in keys], dtype=float)
+    expected *= num_samples / expected.sum()  # float32 softmax sums to 1 only within ~1e-7
+    return float(stats.chisquare(observed, expected).pvalue)
+
+
+def test_sampling_under_speculation_matches_the_target_distribution(bigram, monkeypatch):
+    target, oracle = bigram
+    prompt = random_prompts(14, [6], TINY_VOCAB_SIZE)[0]
+    top_k, num_samples = 3, 1500
+    params = dict(temperature=1.0, top_k=top_k, max_tokens=3, ignore_eos=True)
+    exact = _exact_first_three(target, prompt, top_k)
+    spec = SpecConfig(num_draft_tokens=8, depth=3, top_k=2)
+    engine = make_engine(target, draft=str(oracle), spec=spec, max_num_seqs=64)
+    counts = _first_three_counts(engine, prompt, params, num_samples)
+    assert _chi_square_pvalue(counts, exact, num_samples) > 1e-3
+
+    # The same check must fail for a verifier that accepts any draft the target could produce
+    # (instead of sampling the target at each node): it over-produces the draft's choices.
+    def accept_plausible(tree, target_probs, generators, max_new_tokens=None):
+        accepted, tokens = [], []
+        for b in range(tree.batch_size):
+            children = tree.children(b)
+            node, path, emitted = 0, [], []
+            while len(emitted) + 1 < (max_new_tokens[b] if max_new_tokens else 10**9):
+                good = [c for c in children[node] if target_probs[b, node, tree.token_ids[b, c]] > 0]
+                if not good:
+                    break
+                node = good[0]
+                path.append(node)
+                emitted.append(int(tree.token_ids[b, node]))
+            emitted.append(verify_module.sample_from_probs(target_probs[b, node], generators[b]))
+            accepted.append(path)
+            tokens.append(emitted)
+        return verify_module.Verification(accepted, tokens)
+
+    from eagle_core.worker import spec_runner
+
+    monkeypatch.setattr(spec_runner, "verify_sampling", accept_plausible)
+    biased_engine = make_engine(target, draft=str(oracle), spec=spec, max_num_seqs=64)
+    biased_counts = _first_three_counts(biased_engine, prompt, params, num_samples)
+    assert _chi_square_pvalue(biased_counts, exact, num_samples) < 1e-6
