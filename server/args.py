@@ -172,6 +172,8 @@ def _type_name(flag: Flag) -> str:
     tp = _field_type(flag)
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
         tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    if typing.get_origin(tp) is tuple:
+        return "A,B,..."
     return getattr(tp, "__name__", "str").upper()
 
 

@@ -51,3 +51,38 @@ def tiny_server(tmp_path_factory, tiny_llama_dir) -> Iterator[ServerProcess]:
     )
     yield server
     stop_server(server)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_dir(tmp_path_factory, tiny_llama_dir) -> Path:
+    """A random-weight EAGLE-1 head for the tiny llama (drafts are mostly rejected, which is
+    fine: the server tests need speculation to run, not to be fast)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from eagle_core.spec.draft_head import EagleHead, draft_config_from_target, save_draft_head
+
+    target = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
+    torch.manual_seed(0)
+    head = EagleHead(
+        draft_config_from_target(target.config), target.model.embed_tokens, target.lm_head
+    )
+    path = tmp_path_factory.mktemp("tiny_draft")
+    save_draft_head(head, str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_spec_server(tmp_path_factory, tiny_llama_dir, tiny_draft_dir) -> Iterator[ServerProcess]:
+    """The tiny model with a draft head, configured through a YAML file plus flags."""
+    root = tmp_path_factory.mktemp("tiny_spec_server")
+    config = root / "server.yaml"
+    config.write_text(
+        f"model: {tiny_llama_dir}\ndraft: {tiny_draft_dir}\nnum_draft_tokens: 8\n"
+        "draft_depth: 3\ndraft_top_k: 2\ndevice: cpu\ndtype: float32\n"
+    )
+    server = start_server(
+        ["--config", str(config), "--served-model-name", "tiny"], root / "server.log"
+    )
+    yield server
+    stop_server(server)
