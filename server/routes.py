@@ -26,7 +26,7 @@ from server.choices import (
     usage_of,
 )
 from server.engine_client import EngineClient, RequestStream
-from server.errors import APIError, bad_request, internal_error, model_not_found
+from server.errors import APIError, bad_request, model_not_found
 from server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from server.protocol import (
     ChatChoice,
@@ -269,4 +269,4 @@ async def completions(request: Request) -> Response:
     return JSONResponse(body.model_dump())
 
 
-__all__ = ["router", "ClientGone", "internal_error", "validation_error"]
+__all__ = ["ClientGone", "router", "served_model_name", "validation_error"]
