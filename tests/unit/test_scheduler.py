@@ -1,0 +1,135 @@
+"""The scheduler with hand-made worker results: budgets, chunking, preemption, speculation slots."""
+
+from __future__ import annotations
+
+from eagle_core.batch import SeqResult, StepResult
+from eagle_core.config import SchedulerConfig
+from eagle_core.kv import BlockManager
+from eagle_core.request import Request, RequestStatus
+from eagle_core.sampling_params import SamplingParams
+from eagle_core.scheduler import Scheduler
+
+GREEDY = SamplingParams(temperature=0, max_tokens=100)
+
+
+def make(num_blocks=64, block_size=4, draft_slots=0, **config) -> Scheduler:
+    return Scheduler(SchedulerConfig(**config), BlockManager(num_blocks, block_size), draft_slots)
+
+
+def request(rid: str, prompt_len: int, max_output: int = 100, eos=frozenset()) -> Request:
+    return Request(rid, list(range(10, 10 + prompt_len)), GREEDY, max_output, eos)
+
+
+def step(scheduler: Scheduler, token=7, accepted=0):
+    """Schedule, then answer every sampling sequence with `accepted` drafts + one bonus token."""
+    batch = scheduler.schedule()
+    results = {
+        w.request_id: SeqResult(w.request_id, [token] * (1 + min(accepted, w.num_draft_slots)),
+                                num_draft_tokens=w.num_draft_slots, num_accepted_tokens=min(accepted, w.num_draft_slots))
+        for w in batch.seqs if w.sample
+    }
+    return batch, scheduler.update(batch, StepResult(results))
+
+
+def test_long_prompt_is_chunked_under_the_token_budget():
+    s = make(max_num_batched_tokens=8)
+    s.add(request("a", 20))
+    sizes = []
+    for _ in range(3):
+        batch, news = step(s)
+        sizes.append(len(batch.seqs[0].token_ids))
+    assert sizes == [8, 8, 4]
+    assert news and news[0][1] == [7]  # the last chunk sampled the first token
+    batch, _ = step(s)
+    assert batch.seqs[0].token_ids == [7] and batch.seqs[0].start_pos == 20
+
+
+def test_decoding_sequences_come_first_and_prefill_fills_the_rest():
+    s = make(max_num_batched_tokens=10)
+    s.add(request("a", 4))
+    step(s)
+    s.add(request("b", 30))
+    batch, _ = step(s)
+    assert [(w.request_id, len(w.token_ids)) for w in batch.seqs] == [("a", 1), ("b", 9)]
+
+
+def test_max_num_seqs_limits_admission():
+    s = make(max_num_seqs=2)
+    for rid in "abc":
+        s.add(request(rid, 3))
+    batch, _ = step(s)
+    assert [w.request_id for w in batch.seqs] == ["a", "b"] and s.num_waiting == 1
+
+
+def test_out_of_blocks_preempts_the_newest_and_recomputes_it_later():
+    s = make(num_blocks=4, block_size=4)  # 16 tokens of KV in all
+    s.add(request("old", 6))
+    s.add(request("new", 6))
+    step(s)  # both prefilled: 2 blocks each, all 4 used
+    for _ in range(2):
+        step(s)  # old reaches 8 tokens -> needs a 3rd block at the next growth
+    batch, _ = step(s)
+    assert s.num_preemptions == 1
+    new = s.requests["new"]
+    assert new.status is RequestStatus.WAITING and new.num_computed_tokens == 0 and not new.block_table
+    assert [w.request_id for w in batch.seqs] == ["old"]
+    # once old finishes, new is recomputed: its prompt and output so far are prefilled again
+    s.finish("old", "stop")
+    known = new.prompt_token_ids + new.output_token_ids
+    batch, _ = step(s)
+    work = batch.seqs[0]
+    assert work.request_id == "new" and work.start_pos == 0
+    assert work.token_ids == known
+    assert work.sample  # the recompute ends at the last known token and samples the next
+
+
+def test_draft_slots_are_reserved_and_capped_by_room_and_budget():
+    s = make(draft_slots=5, max_num_batched_tokens=64)
+    s.add(request("a", 4, max_output=4))
+    step(s)  # prefill, first token
+    batch, _ = step(s)
+    # 1 output so far, cap 4: at most 4 - 1 - 1 = 2 drafts can still be useful
+    assert batch.seqs[0].num_draft_slots == 2
+    blocks = s.requests["a"].block_table
+    assert len(blocks) * 4 >= 5 + 1 + 2
+
+
+def test_accepted_drafts_advance_the_kv_length():
+    s = make(draft_slots=4)
+    s.add(request("a", 4))
+    step(s)
+    req = s.requests["a"]
+    assert req.num_computed_tokens == 4 and req.num_output_tokens == 1
+    step(s, accepted=3)
+    # root + 3 accepted drafts are in KV; the bonus token is not yet
+    assert req.num_computed_tokens == 8 and req.num_output_tokens == 5
+    assert req.num_computed_tokens == req.num_tokens - 1
+
+
+def test_eos_inside_an_accepted_run_cuts_it_there():
+    s = make(draft_slots=4)
+    s.add(request("a", 4, eos=frozenset({99})))
+    step(s)
+    batch = s.schedule()
+    result = SeqResult("a", [5, 6, 99, 8], num_draft_tokens=4, num_accepted_tokens=3)
+    (req, appended), = s.update(batch, StepResult({"a": result}))
+    assert appended == [5, 6] and req.finish_reason == "stop" and req.is_finished
+    assert s.blocks.num_free_blocks == s.blocks.num_blocks
+
+
+def test_length_cap_inside_an_accepted_run():
+    s = make(draft_slots=4)
+    s.add(request("a", 4, max_output=3))
+    step(s)
+    batch = s.schedule()
+    (req, appended), = s.update(batch, StepResult({"a": SeqResult("a", [5, 6, 7], num_accepted_tokens=2)}))
+    assert appended == [5, 6] and req.finish_reason == "length" and req.num_output_tokens == 3
+
+
+def test_abort_frees_blocks_and_tells_the_worker():
+    s = make()
+    s.add(request("a", 9))
+    step(s)
+    s.finish("a", "abort")
+    assert s.blocks.num_free_blocks == s.blocks.num_blocks
+    assert s.schedule().finished_request_ids == ["a"]
