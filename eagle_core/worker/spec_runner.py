@@ -51,8 +51,16 @@ class SpecRunner:
         results: dict[str, SeqResult] = {}
         plain = [i for i, w in enumerate(works) if w.sample and i not in trees]
         results.update(sample_last_tokens(self.target, self.sampler, hidden, offsets, works, plain))
-        for i in trees:
-            results[works[i].request_id] = self._verify(works[i], trees[i], hidden, offsets[i])
+        if trees:
+            # One LM-head matmul over every tree node of every sequence: [sum of N, vocab].
+            rows = torch.cat([torch.arange(trees[i].num_nodes) + offsets[i] for i in trees]).to(hidden.device)
+            logits = self.target.logits(hidden[rows])
+            argmax = logits.argmax(dim=-1).tolist()
+            start = 0
+            for i, tree in trees.items():
+                end = start + tree.num_nodes
+                results[works[i].request_id] = self._verify(works[i], tree, logits[start:end], argmax[start:end])
+                start = end
         self._commit(works, trees, results, features, offsets)
         return StepResult(results)
 
@@ -72,12 +80,17 @@ class SpecRunner:
             return hidden  # [T, hidden]: the final norm's output, the LM head's input
         return torch.cat([all_hidden[i][0] for i in self.layer_ids], dim=-1)  # [T, 3 * hidden]
 
-    def _verify(self, work: SeqWork, tree: DraftTree, hidden: torch.Tensor, offset: int) -> SeqResult:
+    def _verify(
+        self,
+        work: SeqWork,
+        tree: DraftTree,
+        logits: torch.Tensor,  # [N, vocab] float32, the target at every node
+        argmax: list[int],  # [N]
+    ) -> SeqResult:
         num_nodes = tree.num_nodes
-        logits = self.target.logits(hidden[offset : offset + num_nodes])  # [N, vocab]
         limit = [work.max_new_tokens]
         if work.params.greedy and not work.params.needs_penalties:
-            verification = verify_greedy(tree, logits.argmax(dim=-1)[None], limit)
+            verification = verify_greedy(tree, torch.tensor([argmax]), limit)
         else:
             probs = self.sampler.process(logits, [work] * num_nodes, self._histories(work, tree))
             generator = self.sampler.generator(work.request_id, work.params)
