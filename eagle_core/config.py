@@ -24,7 +24,6 @@ class ModelConfig:
     """"auto" (cuda when present, else cpu), "cpu", "cuda", "cuda:1", ..."""
     max_model_len: int | None = None
     """Longest prompt + completion; None takes the model's max_position_embeddings (capped at 8192)."""
-    seed: int = 0
 
 
 @dataclass(frozen=True)

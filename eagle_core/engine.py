@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import time
 
+from eagle_core.batch import ScheduledBatch, SeqResult
 from eagle_core.config import EngineConfig
 from eagle_core.detokenizer import IncrementalDetokenizer
 from eagle_core.errors import InvalidRequestError
@@ -25,6 +26,44 @@ from eagle_core.scheduler import Scheduler
 from eagle_core.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
+
+
+class SpecCounters:
+    """Cumulative speculation counters over all requests."""
+
+    def __init__(self, num_draft_tokens: int):
+        self.num_drafts = 0
+        """Sequence-steps that verified a draft tree."""
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.accepted_per_position = [0] * max(1, num_draft_tokens - 1)
+        """[k] = sequence-steps whose accepted path reached depth k + 1."""
+        self.fallbacks: dict[str, int] = {}
+        """Decode steps of a speculating engine that ran without drafts, by reason."""
+
+    def count(self, batch: ScheduledBatch, result) -> None:
+        for work in batch.seqs:
+            seq_result = result.results.get(work.request_id)
+            if seq_result is None or len(work.token_ids) != 1:
+                continue  # prefill steps never draft
+            if seq_result.num_draft_tokens == 0:
+                reason = "length_cap" if work.max_new_tokens <= 1 else "token_budget"
+                self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
+                continue
+            self.num_drafts += 1
+            self.num_draft_tokens += seq_result.num_draft_tokens
+            self.num_accepted_tokens += seq_result.num_accepted_tokens
+            for position in range(min(seq_result.num_accepted_tokens, len(self.accepted_per_position))):
+                self.accepted_per_position[position] += 1
+
+    def as_dict(self) -> dict:
+        return {
+            "spec_num_drafts": self.num_drafts,
+            "spec_num_draft_tokens": self.num_draft_tokens,
+            "spec_num_accepted_tokens": self.num_accepted_tokens,
+            "spec_accepted_per_position": list(self.accepted_per_position),
+            "spec_fallbacks": dict(self.fallbacks),
+        }
 
 
 @dataclasses.dataclass
@@ -52,6 +91,8 @@ class Engine:
         self._tracked: dict[str, _Tracked] = {}
         self._pending: list[RequestOutput] = []
         self.num_steps = 0
+        self.spec_enabled = self.worker.num_draft_slots > 0
+        self.spec_counters = SpecCounters(self.config.spec.num_draft_tokens)
 
     # ---- public API -----------------------------------------------------------------------
 
@@ -90,6 +131,8 @@ class Engine:
         result = self.worker.execute(batch)
         self.num_steps += 1
         decode_ids = {w.request_id for w in batch.seqs if w.sample and len(w.token_ids) == 1}
+        if self.spec_enabled:
+            self.spec_counters.count(batch, result)
         for request, appended in self.scheduler.update(batch, result):
             tracked = self._tracked[request.request_id]
             seq_result = result.results[request.request_id]
@@ -103,7 +146,7 @@ class Engine:
             if tracked.detok.add(appended) and not request.is_finished:
                 self.scheduler.finish(request.request_id, "stop")
             logprobs = seq_result.logprobs[: len(appended)] if seq_result.logprobs else None
-            outputs.append(self._output(tracked, appended, logprobs, seq_result.num_accepted_tokens))
+            outputs.append(self._output(tracked, appended, logprobs, seq_result))
             if request.is_finished:
                 del self._tracked[request.request_id]
         return outputs
@@ -122,6 +165,18 @@ class Engine:
     @property
     def kv_cache_usage(self) -> float:
         return self.block_manager.usage
+
+    @property
+    def stats(self) -> dict:
+        """Cumulative engine counters (the server exports them as Prometheus metrics)."""
+        return {
+            "num_steps": self.num_steps,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "num_running": self.num_running,
+            "num_waiting": self.num_waiting,
+            "kv_cache_usage": self.kv_cache_usage,
+            **self.spec_counters.as_dict(),
+        }
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):
@@ -152,7 +207,7 @@ class Engine:
                 ids.update(source)
         return frozenset(ids)
 
-    def _output(self, tracked: _Tracked, appended: list[int], logprobs, num_accepted: int = 0) -> RequestOutput:
+    def _output(self, tracked: _Tracked, appended: list[int], logprobs, seq_result: SeqResult | None = None) -> RequestOutput:
         request = tracked.request
         finished = request.is_finished
         return RequestOutput(
@@ -165,7 +220,8 @@ class Engine:
             num_output_tokens=request.num_output_tokens,
             new_logprobs=logprobs,
             spec=dataclasses.replace(tracked.spec),
-            num_accepted_tokens_step=num_accepted,
+            num_draft_tokens_step=seq_result.num_draft_tokens if seq_result else 0,
+            num_accepted_tokens_step=seq_result.num_accepted_tokens if seq_result else 0,
             arrival_time=request.arrival_time,
             first_scheduled_time=request.first_scheduled_time,
             first_token_time=tracked.first_token_time,

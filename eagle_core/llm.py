@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
-from eagle_core.config import EngineConfig, ModelConfig, SpecConfig
+from eagle_core.config import EngineConfig, ModelConfig
 from eagle_core.engine import Engine
 from eagle_core.outputs import SpecStats
 from eagle_core.sampling_params import SamplingParams

@@ -40,8 +40,10 @@ class RequestOutput:
     """Completion tokens so far (after any stop cut)."""
     new_logprobs: list[TokenLogprob] | None = None
     spec: SpecStats = field(default_factory=SpecStats)
+    num_draft_tokens_step: int = 0
+    """Draft tokens verified for this request in this step (0: no tree this step)."""
     num_accepted_tokens_step: int = 0
-    """Draft tokens accepted in this step (0 without speculation); for per-step metrics."""
+    """Draft tokens accepted in this step; acceptance length of the step = this + 1."""
     arrival_time: float = 0.0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None

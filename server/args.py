@@ -84,7 +84,6 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag("--device", "model", "device", "'auto', 'cpu', 'cuda', 'cuda:1', ..."),
     Flag("--max-model-len", "model", "max_model_len", "longest prompt + completion in tokens"),
-    Flag("--seed", "model", "seed", "engine seed (requests without a seed)"),
     Flag("--block-size", "cache", "block_size", "tokens per KV block"),
     Flag(
         "--kv-cache-tokens", "cache", "kv_cache_tokens", "KV budget in tokens across all sequences"

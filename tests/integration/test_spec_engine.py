@@ -63,6 +63,12 @@ def test_oracle_head_is_accepted_deep_and_stays_exact(bigram, spec, min_tau):
             if out.finished:
                 assert out.spec.mean_acceptance_length > min_tau, out.spec
     assert outputs == plain
+    stats = engine.stats
+    assert 0 < stats["spec_num_accepted_tokens"] <= stats["spec_num_draft_tokens"]
+    per_position = stats["spec_accepted_per_position"]
+    assert sum(per_position) == stats["spec_num_accepted_tokens"]
+    assert per_position == sorted(per_position, reverse=True)  # depth k+1 needs depth k
+    assert per_position[0] <= stats["spec_num_drafts"]
 
 
 def test_seeded_sampling_with_penalties_is_identical_with_and_without_speculation(bigram, tmp_path):

@@ -1,0 +1,140 @@
+"""Training configuration: one frozen dataclass per stage, read from a YAML file."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+
+@dataclass(frozen=True)
+class PromptsConfig:
+    num_prompts: int = 6000
+    seed: int = 0
+    num_heldout: int = 64
+    """The last `num_heldout` prompts are never generated for training: they are the held-out set."""
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    enabled: bool = True
+    max_prompts: int | None = None
+    """Generate responses for the first max_prompts training prompts (None: all). Raise it and rerun
+    to add data: finished parts are kept."""
+    part_size: int = 128
+    """Prompts per output part (the unit of resumption)."""
+    max_tokens: int = 256
+    temperatures: tuple[float, ...] = (0.0, 0.0, 0.0, 0.7)
+    """Part p uses temperatures[p % len]: mostly greedy (what T=0 serving sees), some sampled."""
+    max_num_seqs: int = 64
+    system_prompt: str | None = None
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    enabled: bool = True
+    max_tokens: int = 200_000
+    """Tokens of fixed text to collect (read teacher-forced: ~5x cheaper per token than generating)."""
+    chunk_tokens: int = 384
+    licenses: tuple[str, ...] = ("MIT", "BSD", "Apache", "PSF", "Python Software Foundation", "ISC")
+    """Package licences accepted (substring match on the package's License metadata)."""
+
+
+@dataclass(frozen=True)
+class FeaturesConfig:
+    shard_tokens: int = 16384
+    """Tokens per feature shard (the unit of resumption)."""
+    batch_tokens: int = 2048
+    max_seq_len: int = 512
+    top_k: int = 8
+    """Target next-token distribution kept per position (top-k ids and probabilities)."""
+    prompt_loss_weight: float = 0.2
+    """Loss weight of prompt (user/system) positions; assistant and fixed text weigh 1."""
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    kind: str = "eagle3"
+    """"eagle3" (multi-step training-time test, reduced draft vocabulary) or "eagle1"."""
+    draft_vocab_size: int = 8192
+    ttt_steps: int = 3
+    """Unrolled draft steps per position (EAGLE-3 training-time test); 1 = single step."""
+    step_decay: float = 0.8
+    """Loss weight of unrolled step k is step_decay ** k."""
+    epochs: float = 4.0
+    batch_tokens: int = 4096
+    max_seq_len: int = 512
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    feature_loss_weight: float = 1.0
+    """EAGLE-1 only: weight of the smooth-L1 feature loss (CE weight is 0.1 as in EAGLE-1)."""
+    bf16_autocast: bool = True
+    num_threads: int = 2
+    seed: int = 0
+    save_every_steps: int = 100
+    max_train_tokens: int | None = None
+    """Use only the first N captured tokens (for acceptance-versus-data-size runs)."""
+    output: str | None = None
+    """Head directory (default: <work_dir>/head)."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    max_tokens: int = 256
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    num_mtbench: int = 80
+    num_heldout: int = 64
+    speed_prompts: int = 10
+    """MT-bench questions timed one at a time (batch 1), speculation on and off interleaved."""
+    speed_max_tokens: int = 128
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str = "smollm2"
+    dtype: str = "bfloat16"
+    work_dir: str = ".cache/train/smollm2"
+    num_threads: int = 2
+    prompts: PromptsConfig = field(default_factory=PromptsConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+def _build(cls, raw: dict[str, Any] | None):
+    raw = dict(raw or {})
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in raw:
+            continue
+        value = raw.pop(f.name)
+        sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if sub is not None and dataclasses.is_dataclass(sub):
+            value = _build(sub, value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[f.name] = value
+    if raw:
+        raise ValueError(f"unknown {cls.__name__} keys: {sorted(raw)}")
+    return cls(**kwargs)
+
+
+def load_config(path: str, overrides: list[str] | None = None) -> TrainConfig:
+    """Read a YAML config; `overrides` are "section.key=value" strings (YAML-parsed values)."""
+    with open(path) as f:
+        raw = yaml.safe_load(f) or {}
+    for item in overrides or []:
+        key, _, value = item.partition("=")
+        node = raw
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = yaml.safe_load(value)
+    return _build(TrainConfig, raw)

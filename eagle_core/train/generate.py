@@ -1,0 +1,106 @@
+"""Stage a (prompts) and stage b (self-distilled responses through the engine).
+
+Responses are written in parts of `part_size` prompts (`responses/part-NNNNN.jsonl`, each
+written atomically); a rerun skips finished parts, so generation resumes where it stopped and
+accumulates when `max_prompts` is raised.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import time
+
+from eagle_core.train.common import read_jsonl, write_jsonl
+from eagle_core.train.config import TrainConfig
+from eagle_core.train.prompts import make_prompts
+
+logger = logging.getLogger(__name__)
+
+
+def prompts_path(cfg: TrainConfig) -> str:
+    return os.path.join(cfg.work_dir, "prompts.jsonl")
+
+
+def run_prompts(cfg: TrainConfig) -> list[dict]:
+    """Write (once) and return all prompts; the last num_heldout are the held-out set."""
+    path = prompts_path(cfg)
+    if not os.path.exists(path):
+        write_jsonl(path, make_prompts(cfg.prompts.num_prompts, cfg.prompts.seed))
+    rows = read_jsonl(path)
+    logger.info("prompts: %d (%d held out)", len(rows), cfg.prompts.num_heldout)
+    return rows
+
+
+def split_prompts(cfg: TrainConfig, rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    n = len(rows) - cfg.prompts.num_heldout
+    return rows[:n], rows[n:]
+
+
+def conversation(cfg: TrainConfig, prompt: str) -> list[dict]:
+    messages = []
+    if cfg.generate.system_prompt:
+        messages.append({"role": "system", "content": cfg.generate.system_prompt})
+    messages.append({"role": "user", "content": prompt})
+    return messages
+
+
+def responses_dir(cfg: TrainConfig) -> str:
+    return os.path.join(cfg.work_dir, "responses")
+
+
+def run_generate(cfg: TrainConfig) -> None:
+    from eagle_core import LLM, EngineConfig, SamplingParams, SchedulerConfig
+
+    gen = cfg.generate
+    train, _ = split_prompts(cfg, run_prompts(cfg))
+    if gen.max_prompts is not None:
+        train = train[: gen.max_prompts]
+    parts = [train[i : i + gen.part_size] for i in range(0, len(train), gen.part_size)]
+    out_dir = responses_dir(cfg)
+    todo = [p for p in range(len(parts)) if not os.path.exists(_part_path(out_dir, p))]
+    logger.info("generate: %d parts of %d prompts, %d to do", len(parts), gen.part_size, len(todo))
+    if not todo:
+        return
+    config = EngineConfig(
+        scheduler=SchedulerConfig(
+            max_num_seqs=gen.max_num_seqs, max_num_batched_tokens=max(512, 4 * gen.max_num_seqs)
+        )
+    )
+    llm = LLM(model=cfg.model, dtype=cfg.dtype, config=config)
+    for p in todo:
+        temperature = gen.temperatures[p % len(gen.temperatures)]
+        params = SamplingParams(temperature=temperature, max_tokens=gen.max_tokens, seed=p)
+        start = time.time()
+        outs = llm.chat([conversation(cfg, row["prompt"]) for row in parts[p]], params, use_tqdm=True)
+        rows = [
+            {
+                "id": row["id"],
+                "category": row["category"],
+                "prompt": row["prompt"],
+                "temperature": temperature,
+                "response": out.text,
+                "num_tokens": len(out.token_ids),
+                "token_ids": list(out.token_ids),
+                "finish_reason": out.finish_reason,
+            }
+            for row, out in zip(parts[p], outs)
+        ]
+        write_jsonl(_part_path(out_dir, p), rows)
+        num_tokens = sum(r["num_tokens"] for r in rows)
+        elapsed = time.time() - start
+        logger.info(
+            "part %d: %d tokens in %.0f s (%.1f tok/s)", p, num_tokens, elapsed, num_tokens / elapsed
+        )
+
+
+def load_responses(cfg: TrainConfig) -> list[dict]:
+    rows: list[dict] = []
+    for path in sorted(glob.glob(os.path.join(responses_dir(cfg), "part-*.jsonl"))):
+        rows.extend(read_jsonl(path))
+    return rows
+
+
+def _part_path(out_dir: str, p: int) -> str:
+    return os.path.join(out_dir, f"part-{p:05d}.jsonl")

@@ -1,0 +1,357 @@
+"""Stage e: train an EAGLE-3 draft head on captured features (training-time test).
+
+Alignment (the engine's, see eagle_core/spec/drafter.py): the draft entry at position q reads
+(token x_{q+1}, feature) and predicts x_{q+2}, whose target distribution is P_{q+1}.
+
+  step 0:  feature = fc(target features f_q); attends step-0 entries at positions <= q.
+  step k:  feature = the head's own step-(k-1) output at q-1 (what tree level k feeds back);
+           attends step-0 entries at positions <= q-k (the committed context) and the step-i
+           entries at q-k+i for i = 1..k (its own ancestors in the tree), as in EAGLE-3.
+
+The loss of step k is weighted step_decay**k; it is a soft cross-entropy against the target's
+top-k next-token probabilities restricted to the draft vocabulary (renormalised), weighted per
+position (prompt positions less). The draft vocabulary is the `draft_vocab_size` most frequent
+target top-1 tokens of the training data. Training resumes from `<work_dir>/train/ckpt.pt`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+import zlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from tqdm.auto import tqdm
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from eagle_core.spec.draft_head import Eagle3Head, draft_config_from_target, save_draft_head
+from eagle_core.train.config import TrainConfig, TrainerConfig
+from eagle_core.train.features import load_target, shard_paths
+
+logger = logging.getLogger(__name__)
+
+_FIELDS = ("input_ids", "weights", "features", "topk_ids", "topk_probs")
+
+
+@dataclass
+class Sequence:
+    key: str
+    tensors: dict[str, torch.Tensor]  # per-position arrays of one sequence
+
+    def __len__(self) -> int:
+        return len(self.tensors["input_ids"])
+
+
+def load_sequences(paths: list[str], max_tokens: int | None = None, seed: int = 0) -> list[Sequence]:
+    """All captured sequences (or a seeded random subset of about max_tokens tokens)."""
+    seqs: list[Sequence] = []
+    for path in paths:
+        with safe_open(path, "pt") as f:
+            keys = json.loads(f.metadata()["keys"])
+            cu = f.get_tensor("cu_seqlens").tolist()
+            data = {name: f.get_tensor(name) for name in _FIELDS}
+        for i, key in enumerate(keys):
+            seqs.append(Sequence(key, {n: t[cu[i] : cu[i + 1]] for n, t in data.items()}))
+    seqs.sort(key=lambda s: s.key)
+    random.Random(seed).shuffle(seqs)
+    if max_tokens is not None:
+        out, total = [], 0
+        for s in seqs:
+            if total >= max_tokens:
+                break
+            out.append(s)
+            total += len(s)
+        seqs = out
+    return seqs
+
+
+def split_validation(seqs: list[Sequence], every: int = 20) -> tuple[list[Sequence], list[Sequence]]:
+    """About 1/every of the sequences (by a hash of their key) are held out for validation."""
+    val = [s for s in seqs if zlib.crc32(s.key.encode()) % every == 0]
+    train = [s for s in seqs if zlib.crc32(s.key.encode()) % every != 0]
+    return train, val
+
+
+def choose_draft_vocab(seqs: list[Sequence], vocab_size: int, draft_vocab: int) -> tuple[torch.Tensor, float]:
+    """The draft_vocab most frequent target top-1 tokens (sorted ids) and their coverage."""
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for s in seqs:
+        counts.index_add_(0, s.tensors["topk_ids"][:, 0].long(), s.tensors["weights"].double())
+    top = counts.topk(min(draft_vocab, vocab_size)).indices.sort().values
+    coverage = float(counts[top].sum() / counts.sum().clamp_min(1e-9))
+    return top, coverage
+
+
+def make_batches(seqs: list[Sequence], batch_tokens: int, max_len: int, rng: random.Random):
+    """Shuffled batches of similar-length sequences, at most batch_tokens padded tokens each."""
+    order = seqs[:]
+    rng.shuffle(order)
+    batches = []
+    for i in range(0, len(order), 64):
+        chunk = sorted(order[i : i + 64], key=len)
+        batch: list[Sequence] = []
+        for s in chunk:
+            longest = min(max_len, max([len(x) for x in batch] + [len(s)]))
+            if batch and longest * (len(batch) + 1) > batch_tokens:
+                batches.append(batch)
+                batch = []
+            batch.append(s)
+        if batch:
+            batches.append(batch)
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(batch: list[Sequence], max_len: int, t2d: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Shifted, right-padded tensors: position q holds x_{q+1}, f_q and target P_{q+1}."""
+    n = min(max_len, max(len(s) for s in batch)) - 1
+    b = len(batch)
+    first = batch[0].tensors
+    out = {
+        "input_ids": torch.zeros(b, n, dtype=torch.long),
+        "features": torch.zeros(b, n, first["features"].shape[-1], dtype=first["features"].dtype),
+        "label_ids": torch.full((b, n, first["topk_ids"].shape[-1]), -1, dtype=torch.long),
+        "label_probs": torch.zeros(b, n, first["topk_ids"].shape[-1]),
+        "weights": torch.zeros(b, n),
+    }
+    for i, s in enumerate(batch):
+        t = s.tensors
+        m = min(len(s), max_len) - 1
+        out["input_ids"][i, :m] = t["input_ids"][1 : m + 1].long()
+        out["features"][i, :m] = t["features"][:m]
+        out["label_ids"][i, :m] = t2d[t["topk_ids"][1 : m + 1].long()]
+        out["label_probs"][i, :m] = t["topk_probs"][1 : m + 1].float()
+        out["weights"][i, :m] = t["weights"][1 : m + 1].float()
+    return out
+
+
+def ttt_mask(num_tokens: int, step: int) -> torch.Tensor:
+    """[T, (step + 1) * T] bool: what the step-`step` entry at q attends (see module docstring)."""
+    q = torch.arange(num_tokens)[:, None]
+    j = torch.arange(num_tokens)[None, :]
+    blocks = [j <= q - step]
+    blocks += [j == q - step + i for i in range(1, step + 1)]
+    return torch.cat(blocks, dim=1)
+
+
+def _layer_forward(layer, embeds, hidden, cos, sin, past, mask):
+    """Eagle3DecoderLayer.forward with extra key/value blocks `past` (list of (k, v))."""
+    attn = layer.self_attn
+    residual = hidden
+    x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
+    shape = (*x.shape[:-1], -1, attn.head_dim)
+    q = attn.q_proj(x).view(shape).transpose(1, 2)
+    k = attn.k_proj(x).view(shape).transpose(1, 2)
+    v = attn.v_proj(x).view(shape).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    keys = torch.cat([pk for pk, _ in past] + [k], dim=2)
+    values = torch.cat([pv for _, pv in past] + [v], dim=2)
+    groups = q.shape[1] // k.shape[1]
+    keys = keys.repeat_interleave(groups, dim=1)
+    values = values.repeat_interleave(groups, dim=1)
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
+    out = attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
+    x = residual + out
+    return x + layer.mlp(layer.post_attention_layernorm(x)), (k, v)
+
+
+def ttt_forward(head: Eagle3Head, batch: dict[str, torch.Tensor], steps: int):
+    """Unroll the head `steps` times; returns per-step logits [B, T, draft_vocab]."""
+    ids = batch["input_ids"]
+    num_tokens = ids.shape[1]
+    positions = torch.arange(num_tokens)[None].expand(ids.shape[0], -1)
+    embeds = head.embed(ids).detach()
+    hidden = head.fuse(batch["features"])
+    cos, sin = head.rotary_emb(hidden, positions)
+    past: list = []
+    logits = []
+    for step in range(steps):
+        out, kv = _layer_forward(
+            head.midlayer, embeds.to(hidden.dtype), hidden, cos.to(hidden.dtype),
+            sin.to(hidden.dtype), past, ttt_mask(num_tokens, step),
+        )
+        past.append(kv)
+        logits.append(head.logits(out))
+        hidden = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)
+    return logits
+
+
+def ttt_loss(logits: list[torch.Tensor], batch: dict[str, torch.Tensor], decay: float):
+    """(total loss, per-step losses, per-step top-1 accuracies and weights)."""
+    label_ids, label_probs, weights = batch["label_ids"], batch["label_probs"], batch["weights"]
+    in_vocab = label_ids >= 0
+    probs = label_probs * in_vocab
+    probs = probs / probs.sum(-1, keepdim=True).clamp_min(1e-6)
+    top1 = torch.where(in_vocab[..., 0], label_ids[..., 0], -2)
+    total, stats = 0.0, []
+    for step, step_logits in enumerate(logits):
+        logp = torch.log_softmax(step_logits.float(), dim=-1)
+        picked = logp.gather(-1, label_ids.clamp_min(0))
+        per_pos = -(probs * picked).sum(-1)  # [B, T]
+        w = weights.clone()
+        w[:, :step] = 0  # entries without a full chain behind them
+        denom = w.sum().clamp_min(1e-6)
+        loss = (per_pos * w).sum() / denom
+        correct = (step_logits.argmax(-1) == top1).float()
+        acc_w = (correct * (w > 0.5)).sum()
+        total = total + (decay**step) * loss
+        stats.append((loss.item(), acc_w.item(), (w > 0.5).sum().item()))
+    return total, stats
+
+
+def build_head(target_model, tc: TrainerConfig, draft_ids: torch.Tensor) -> Eagle3Head:
+    from eagle_core.spec.draft_head import eagle3_layer_ids
+
+    config = draft_config_from_target(target_model.config)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(tc.seed)
+    head = Eagle3Head(
+        config,
+        target_model.get_input_embeddings(),
+        eagle3_layer_ids(target_model.config.num_hidden_layers),
+        draft_vocab_size=len(draft_ids),
+    )
+    head.set_draft_vocab(draft_ids)
+    # warm start: the draft LM head from the target's output rows, its norm from the final norm
+    with torch.no_grad():
+        head.lm_head.weight.copy_(target_model.get_output_embeddings().weight[draft_ids].float())
+        head.norm.weight.copy_(target_model.model.norm.weight.float())
+    return head.float()
+
+
+def evaluate_accuracy(head, seqs, tc: TrainerConfig, t2d) -> list[float]:
+    """Top-1 accuracy per unrolled step on validation sequences."""
+    hits = [0.0] * tc.ttt_steps
+    counts = [0.0] * tc.ttt_steps
+    head.eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=tc.bf16_autocast):
+        for batch in make_batches(seqs, tc.batch_tokens, tc.max_seq_len, random.Random(0)):
+            tensors = collate(batch, tc.max_seq_len, t2d)
+            _, stats = ttt_loss(ttt_forward(head, tensors, tc.ttt_steps), tensors, tc.step_decay)
+            for k, (_, acc, n) in enumerate(stats):
+                hits[k] += acc
+                counts[k] += n
+    head.train()
+    return [h / max(c, 1) for h, c in zip(hits, counts)]
+
+
+def train_head(target_model, shard_files: list[str], tc: TrainerConfig, out_dir: str,
+               state_dir: str, log=logger.info) -> dict:
+    """Train (resuming from state_dir/ckpt.pt) and save the head to out_dir; returns a summary."""
+    if tc.kind != "eagle3":
+        raise ValueError(f"trainer kind {tc.kind!r} is not implemented (use eagle3)")
+    torch.set_num_threads(max(1, tc.num_threads))
+    seqs = load_sequences(shard_files, tc.max_train_tokens, tc.seed)
+    train, val = split_validation(seqs)
+    vocab_size = target_model.config.vocab_size
+    draft_ids, coverage = choose_draft_vocab(train, vocab_size, tc.draft_vocab_size)
+    num_train_tokens = sum(len(s) for s in train)
+    log(f"train: {len(train)} sequences / {num_train_tokens} tokens, val {len(val)}; "
+        f"draft vocab {len(draft_ids)} covers {coverage:.1%} of target top-1")
+    head = build_head(target_model, tc, draft_ids)
+    t2d = torch.full((vocab_size,), -1, dtype=torch.long)
+    t2d[draft_ids] = torch.arange(len(draft_ids))
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=(0.9, 0.95), weight_decay=tc.weight_decay)
+    rng = random.Random(tc.seed)
+    steps_per_epoch = len(make_batches(train, tc.batch_tokens, tc.max_seq_len, random.Random(0)))
+    total_steps = max(1, int(steps_per_epoch * tc.epochs))
+    sched = torch.optim.lr_scheduler.LambdaLR(optimizer, _cosine(tc.warmup_steps, total_steps))
+
+    os.makedirs(state_dir, exist_ok=True)
+    ckpt_path = os.path.join(state_dir, "ckpt.pt")
+    step, elapsed_before = 0, 0.0
+    if os.path.exists(ckpt_path):
+        ckpt = torch.load(ckpt_path, weights_only=False)
+        if ckpt.get("num_train_tokens") == num_train_tokens and ckpt["total_steps"] == total_steps:
+            head.load_state_dict(ckpt["head"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            sched.load_state_dict(ckpt["sched"])
+            step, elapsed_before = ckpt["step"], ckpt.get("elapsed", 0.0)
+            log(f"resumed at step {step}/{total_steps}")
+        else:
+            log("checkpoint is for different data or schedule: starting over")
+    head.train()
+    start = time.time()
+    bar = tqdm(total=total_steps, initial=step, desc="train", unit="step")
+    running: list[list[float]] = []
+    epoch_batches: list = []
+    while step < total_steps:
+        epoch, offset = divmod(step, steps_per_epoch)
+        if offset == 0 or not epoch_batches:
+            epoch_batches = make_batches(train, tc.batch_tokens, tc.max_seq_len,
+                                         random.Random(tc.seed * 1000 + epoch))
+        tensors = collate(epoch_batches[offset % len(epoch_batches)], tc.max_seq_len, t2d)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=tc.bf16_autocast):
+            logits = ttt_forward(head, tensors, tc.ttt_steps)
+        loss, stats = ttt_loss(logits, tensors, tc.step_decay)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
+        optimizer.step()
+        sched.step()
+        step += 1
+        running.append([s[1] / max(s[2], 1) for s in stats])
+        running = running[-20:]
+        accs = [sum(r[k] for r in running) / len(running) for k in range(tc.ttt_steps)]
+        bar.set_postfix(loss=f"{loss.item():.3f}", acc="/".join(f"{a:.2f}" for a in accs))
+        bar.update(1)
+        if step % tc.save_every_steps == 0 or step == total_steps:
+            _save_ckpt(ckpt_path, head, optimizer, sched, step, total_steps, num_train_tokens,
+                       elapsed_before + time.time() - start)
+            log(f"step {step}/{total_steps} loss {loss.item():.3f} train acc by step "
+                + " ".join(f"{a:.3f}" for a in accs))
+    bar.close()
+    wall = elapsed_before + time.time() - start
+    val_acc = evaluate_accuracy(head, val, tc, t2d) if val else []
+    log("validation top-1 accuracy by step: " + " ".join(f"{a:.3f}" for a in val_acc))
+    tmp = out_dir.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_draft_head(head.to(torch.bfloat16), tmp)
+    summary = {
+        "kind": tc.kind, "steps": total_steps, "epochs": tc.epochs, "ttt_steps": tc.ttt_steps,
+        "train_sequences": len(train), "train_tokens": num_train_tokens,
+        "val_sequences": len(val), "draft_vocab_size": len(draft_ids),
+        "draft_vocab_coverage": coverage, "val_top1_accuracy_by_step": val_acc,
+        "train_wall_s": wall, "lr": tc.lr, "batch_tokens": tc.batch_tokens,
+    }
+    with open(os.path.join(tmp, "training.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp, out_dir)
+    log(f"saved head to {out_dir}")
+    return summary
+
+
+def _cosine(warmup: int, total: int):
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+def _save_ckpt(path, head, optimizer, sched, step, total_steps, num_train_tokens, elapsed):
+    tmp = path + ".tmp"
+    torch.save({"head": head.state_dict(), "optimizer": optimizer.state_dict(),
+                "sched": sched.state_dict(), "step": step, "total_steps": total_steps,
+                "num_train_tokens": num_train_tokens, "elapsed": elapsed}, tmp)
+    os.replace(tmp, path)
+
+
+def run_train(cfg: TrainConfig) -> dict:
+    tc = cfg.trainer
+    out_dir = tc.output or os.path.join(cfg.work_dir, "head")
+    target = load_target(cfg).model
+    name = os.path.basename(out_dir.rstrip("/"))
+    return train_head(target, shard_paths(cfg), tc, out_dir, os.path.join(cfg.work_dir, "train", name))
