@@ -1,0 +1,138 @@
+"""Offline engine throughput: eagle-serve's engine at 1, 4 and 16 concurrent requests next to
+transformers' generate() on the same prompts (batch 1).
+
+    .venv/bin/python bench/engine_throughput.py [--dtype bfloat16] [--max-tokens 64] [--draft DIR]
+
+Every request generates exactly --max-tokens tokens (EOS ignored) so all rows do equal work.
+Results: a table on stdout and bench/results/engine-<date>-<host>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import socket
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+from eagle_core import LLM, SamplingParams
+from eagle_core.config import EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a Python function that checks whether a number is prime.",
+    "Explain how a rainbow forms.",
+    "Give me three tips for better sleep.",
+    "What are the main differences between TCP and UDP?",
+    "Write a short poem about the ocean.",
+    "How do vaccines work?",
+    "Summarise the causes of the French Revolution.",
+    "What is a hash table and when would you use one?",
+    "Describe the water cycle.",
+    "Suggest a name for a bakery and explain it.",
+    "What is the Pythagorean theorem?",
+    "How can I make a good cup of coffee?",
+    "Explain recursion to a beginner.",
+    "What should I pack for a weekend hiking trip?",
+    "Why do leaves change colour in autumn?",
+]
+
+
+def engine_rate(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> dict:
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(o.token_ids) for o in outputs)
+    steps = sum(o.spec.num_steps for o in outputs)
+    emitted = sum(o.spec.num_emitted_tokens for o in outputs)
+    return {
+        "requests": len(prompts),
+        "tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(tokens / seconds, 2),
+        "mean_acceptance_length": round(emitted / steps, 3) if steps else None,
+    }
+
+
+def hf_rate(model, prompts: list[list[int]], max_tokens: int) -> dict:
+    tokens, start = 0, time.perf_counter()
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        with torch.inference_mode():
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                min_new_tokens=max_tokens, do_sample=False, pad_token_id=0,
+            )
+        tokens += out.shape[1] - len(prompt)
+    seconds = time.perf_counter() - start
+    return {"requests": len(prompts), "tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=ModelConfig.model)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--hf-prompts", type=int, default=4, help="prompts for the generate() row")
+    parser.add_argument("--draft", default=None, help="EAGLE head: adds speculative rows")
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args()
+
+    config = EngineConfig(
+        model=ModelConfig(model=args.model, dtype=args.dtype, max_model_len=2048),
+        scheduler=SchedulerConfig(max_num_seqs=max(args.concurrency)),
+    )
+    llm = LLM(model=args.model, dtype=args.dtype, config=config)
+    prompts = [llm.engine.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8))  # warm-up
+
+    rows = {}
+    for c in args.concurrency:
+        batch = (prompts * (c // len(prompts) + 1))[:c]
+        rows[f"engine c={c}"] = engine_rate(llm, batch, params)
+        print(f"engine     c={c:<3} {rows[f'engine c={c}']['tokens_per_s']:8.1f} tok/s", flush=True)
+    if args.draft:
+        spec_llm = LLM(model=args.model, dtype=args.dtype, config=EngineConfig(
+            model=config.model, scheduler=config.scheduler, spec=SpecConfig(draft=args.draft)))
+        spec_llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8))
+        for c in args.concurrency:
+            batch = (prompts * (c // len(prompts) + 1))[:c]
+            rows[f"eagle c={c}"] = engine_rate(spec_llm, batch, params)
+            print(f"eagle      c={c:<3} {rows[f'eagle c={c}']['tokens_per_s']:8.1f} tok/s "
+                  f"(tau {rows[f'eagle c={c}']['mean_acceptance_length']})", flush=True)
+
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+        llm.engine.worker.target.model.name_or_path, dtype=llm.engine.worker.dtype
+    ).eval()
+    rows["hf generate c=1"] = hf_rate(hf_model, prompts[: args.hf_prompts], args.max_tokens)
+    print(f"hf generate c=1   {rows['hf generate c=1']['tokens_per_s']:8.1f} tok/s", flush=True)
+
+    base = rows["engine c=1"]["tokens_per_s"]
+    summary = {
+        "engine_c1_vs_hf": round(base / rows["hf generate c=1"]["tokens_per_s"], 2),
+        **{f"engine_c{c}_vs_c1": round(rows[f"engine c={c}"]["tokens_per_s"] / base, 2) for c in args.concurrency},
+    }
+    result = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": {"host": socket.gethostname(), "cpu_count": torch.get_num_threads(), "platform": platform.platform()},
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "settings": vars(args),
+        "rows": rows,
+        "summary": summary,
+    }
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"engine-{datetime.date.today()}-{socket.gethostname()}.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(json.dumps(summary), f"\nwritten to {path}")
+
+
+if __name__ == "__main__":
+    main()
