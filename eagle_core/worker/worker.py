@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 
 from eagle_core.batch import ScheduledBatch, StepResult
-from eagle_core.config import EngineConfig
+from eagle_core.config import AUTO_DRAFT, DEFAULT_MODEL, EngineConfig
 from eagle_core.kv import blocks_needed
 from eagle_core.spec.draft_head import load_draft_head
 from eagle_core.spec.drafter import Drafter
@@ -28,6 +29,7 @@ class Worker:
     def __init__(self, config: EngineConfig):
         attention.register()
         loaded = load_model(config.model, attn_implementation=attention.ATTN_NAME)
+        config = dataclasses.replace(config, spec=dataclasses.replace(config.spec, draft=resolve_draft(config)))
         self.config = derive_config(config, loaded.model.config, loaded.dtype)
         self.tokenizer = loaded.tokenizer
         self.model_name = loaded.name
@@ -81,6 +83,19 @@ class Worker:
             spec.draft, self.draft_head.kind, spec.num_draft_tokens, spec.depth, spec.top_k,
         )
         return SpecRunner(self.target, self.sampler, drafter)
+
+
+# The EAGLE head this project trains for its default model ships inside the package.
+SHIPPED_DRAFT_DIR = Path(__file__).resolve().parents[1] / "heads" / "smollm2-135m-eagle"
+
+
+def resolve_draft(config: EngineConfig) -> str | None:
+    """The draft head path to load, or None for plain decoding."""
+    if config.spec.draft != AUTO_DRAFT:
+        return config.spec.draft
+    if config.model.model == DEFAULT_MODEL and (SHIPPED_DRAFT_DIR / "config.json").exists():
+        return str(SHIPPED_DRAFT_DIR)
+    return None
 
 
 def derive_config(config: EngineConfig, model_config, dtype) -> EngineConfig:
