@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from eagle_core.outputs import RequestOutput
 from eagle_core.sampling_params import SamplingParams
@@ -42,6 +42,20 @@ class QueueFull(RuntimeError):
 
 class EngineStepError(RuntimeError):
     """engine.step() raised while this request was in flight; the request was aborted."""
+
+
+class RequestObserver(Protocol):
+    """Follows every engine request on the loop thread (server/metrics.py is one). `now` is
+    `time.monotonic()`, the engine's clock for its own timestamps in RequestOutput."""
+
+    def on_submit(self, request_ids: list[str], now: float) -> None:
+        """The requests are about to be queued (before the engine has accepted them)."""
+
+    def on_outputs(self, outputs: list[RequestOutput], now: float) -> None:
+        """One step's outputs, as they are handed to the request streams."""
+
+    def on_forget(self, request_ids: list[str]) -> None:
+        """The requests were rejected or failed: no (more) outputs will come for them."""
 
 
 @dataclass
@@ -119,8 +133,8 @@ class EngineClient:
         self.peak_running = 0
         self.num_steps = 0
         self.engine_stats: dict[str, Any] = {}
-        # Called on the loop thread with each step's outputs (metrics hook in here).
-        self.output_listeners: list[Callable[[list[RequestOutput]], None]] = []
+        # Told about every request's submit, outputs and failure on the loop thread (metrics).
+        self.observers: list[RequestObserver] = []
         self.on_load_failed: Callable[[BaseException], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -202,6 +216,9 @@ class EngineClient:
         stream = RequestStream(self, ids)
         for rid in ids:
             self._streams[rid] = stream
+        # Before the add is sent: its first outputs may be dispatched before this coroutine
+        # resumes from `await future`.
+        self._notify("on_submit", ids, time.monotonic())
         future = asyncio.get_running_loop().create_future()
         self._send(_Add(list(zip(ids, prompts, params, strict=True)), future))
         try:
@@ -226,23 +243,28 @@ class EngineClient:
         self._wake.set()
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        now = time.monotonic()
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is not None:
                 stream._put(out)
                 if out.finished:
                     del self._streams[out.request_id]
-        for listener in self.output_listeners:
-            try:
-                listener(outputs)
-            except Exception:  # a metrics bug must not break serving
-                logger.exception("output listener failed")
+        self._notify("on_outputs", outputs, now)
 
     def _dispatch_error(self, request_ids: list[str], error: BaseException) -> None:
         for rid in request_ids:
             stream = self._streams.pop(rid, None)
             if stream is not None:
                 stream._put(error)
+        self._notify("on_forget", request_ids)
+
+    def _notify(self, event: str, *args: Any) -> None:
+        for observer in self.observers:
+            try:
+                getattr(observer, event)(*args)
+            except Exception:  # a metrics bug must not break serving
+                logger.exception("request observer %s failed", event)
 
     def _fail_streams(self, error: BaseException) -> None:
         self._dispatch_error(list(self._streams), error)
@@ -330,6 +352,8 @@ class EngineClient:
             error = exc
             for rid in added:
                 engine.abort(rid)
+            rejected = [rid for rid, _, _ in command.items]
+            self._call_soon(self._notify, "on_forget", rejected)
         self._publish_counts(engine)
         with self._pending_lock:
             self._pending -= len(command.items)

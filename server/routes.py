@@ -63,6 +63,10 @@ def _settings(request: Request) -> ServerSettings:
     return request.app.state.settings
 
 
+def _metrics(request: Request) -> ServerMetrics:
+    return request.app.state.metrics
+
+
 def served_model_name(request: Request) -> str:
     return _settings(request).served_model_name or _client(request).model_name or "default"
 
@@ -152,8 +156,7 @@ async def health(request: Request) -> Response:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    m: ServerMetrics = request.app.state.metrics
-    return Response(m.render(), media_type=CONTENT_TYPE_LATEST)
+    return Response(_metrics(request).render(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/v1/models")
@@ -207,6 +210,7 @@ async def chat_completions(request: Request) -> Response:
             include_usage=req.include_usage,
             want_logprobs=want_logprobs,
             token_texts=_token_texts(request) if want_logprobs else None,  # type: ignore[arg-type]
+            observer=_metrics(request).stream_observer(req.n),
         )
         return chat_stream(stream, meta)
     states = await _collect(request, stream, req.n)
@@ -249,6 +253,7 @@ async def completions(request: Request) -> Response:
             include_usage=req.include_usage,
             want_logprobs=want_logprobs,
             token_texts=_token_texts(request) if want_logprobs else None,  # type: ignore[arg-type]
+            observer=_metrics(request).stream_observer(len(all_prompts)),
         )
         return completion_stream(stream, meta)
     states = await _collect(request, stream, len(all_prompts))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ from server.choices import (
 )
 from server.engine_client import EngineStepError, RequestStream
 from server.errors import error_body
+from server.metrics import StreamObserver
 from server.protocol import (
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -58,6 +60,8 @@ class StreamMeta:
     include_usage: bool
     want_logprobs: bool
     token_texts: TokenTexts
+    observer: StreamObserver | None = None
+    """Times content chunks and records a failure that ends the stream (metrics)."""
 
 
 def _event(chunk: BaseModel, include_usage: bool) -> dict[str, str]:
@@ -78,7 +82,7 @@ def event_source(events: AsyncIterator[dict[str, str]]) -> EventSourceResponse:
 
 
 async def _guarded(
-    stream: RequestStream, events: AsyncIterator[dict[str, str]]
+    stream: RequestStream, meta: StreamMeta, events: AsyncIterator[dict[str, str]]
 ) -> AsyncIterator[dict[str, str]]:
     """Abort on disconnect (the generator is cancelled or closed); report engine failure as a
     final error event, since the 200 status is already on the wire."""
@@ -87,6 +91,8 @@ async def _guarded(
             yield event
     except EngineStepError:
         logger.warning("engine failed during a stream; ending it with an error event")
+        if meta.observer is not None:
+            meta.observer.on_failure("internal_error")
         body = error_body("Internal server error", "server_error", None, "internal_error")
         yield {"data": json.dumps(body)}
         yield DONE
@@ -95,11 +101,11 @@ async def _guarded(
 
 
 def chat_stream(stream: RequestStream, meta: StreamMeta) -> EventSourceResponse:
-    return event_source(_guarded(stream, _chat_events(stream, meta)))
+    return event_source(_guarded(stream, meta, _chat_events(stream, meta)))
 
 
 def completion_stream(stream: RequestStream, meta: StreamMeta) -> EventSourceResponse:
-    return event_source(_guarded(stream, _completion_events(stream, meta)))
+    return event_source(_guarded(stream, meta, _completion_events(stream, meta)))
 
 
 async def _chat_events(stream: RequestStream, meta: StreamMeta) -> AsyncIterator[dict[str, str]]:
@@ -122,6 +128,7 @@ async def _chat_events(stream: RequestStream, meta: StreamMeta) -> AsyncIterator
                 if meta.want_logprobs and out.new_logprobs
                 else None
             )
+            _observe_chunk(meta, i)
             yield chunk(
                 ChatChunkChoice(
                     index=i, delta=DeltaMessage(content=out.new_text), logprobs=logprobs
@@ -160,6 +167,7 @@ async def _completion_events(
                 if meta.want_logprobs and out.new_logprobs
                 else None
             )
+            _observe_chunk(meta, i)
             yield chunk(CompletionChunkChoice(index=i, text=out.new_text, logprobs=logprobs))
         if out.finished:
             yield chunk(
@@ -173,6 +181,11 @@ async def _completion_events(
     if meta.include_usage:
         yield _usage_event(CompletionChunk, meta, states)
     yield DONE
+
+
+def _observe_chunk(meta: StreamMeta, index: int) -> None:
+    if meta.observer is not None:
+        meta.observer.on_chunk(index, time.monotonic())
 
 
 def _usage_event(cls: Any, meta: StreamMeta, states: list[ChoiceState]) -> dict[str, str]:
