@@ -48,15 +48,17 @@ def build_inputs(seqs: list[SeqInput], block_size: int, device: torch.device) ->
     for seq in seqs:
         offsets.append(total)
         total += len(seq.token_ids)
-    input_ids = torch.cat([seq.token_ids for seq in seqs]).to(device)
+    # Draft-tree tensors may already live on the device while plain tokens are built on the
+    # host: move each piece before concatenating.
+    input_ids = torch.cat([seq.token_ids.to(device) for seq in seqs])
     position_ids = torch.cat(
         [
-            seq.rope_positions
+            seq.rope_positions.to(device)
             if seq.rope_positions is not None
-            else torch.arange(seq.start_pos, seq.start_pos + len(seq.token_ids))
+            else torch.arange(seq.start_pos, seq.start_pos + len(seq.token_ids), device=device)
             for seq in seqs
         ]
-    ).to(device)
+    )
     slot_mapping = torch.empty(total, dtype=torch.long, device=device)
 
     by_shape: dict[tuple[int, int], list[int]] = {}
