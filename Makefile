@@ -37,5 +37,16 @@ test-fast: install
 lint: install
 	$(PY) -m ruff check server eagle_core tests bench
 
+# The serving benchmark (docs/benchmarks.md): EAGLE vs --no-speculation over HTTP, plus HF
+# generate, into bench/results/. BENCH_ARGS adds options, e.g. BENCH_ARGS="--draft DIR".
+BENCH_ARGS ?=
+
+bench: install
+	$(PY) -m bench.serve_bench $(BENCH_ARGS)
+
+.PHONY: bench-quick
+bench-quick: install
+	$(PY) -m bench.serve_bench --quick $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache
