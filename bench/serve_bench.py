@@ -31,12 +31,7 @@ import dataclasses
 import datetime
 import hashlib
 import json
-import os
-import platform
-import re
 import shlex
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +40,7 @@ from pathlib import Path
 
 import httpx
 
-from bench import stats, workloads
+from bench import environment, stats, workloads
 from bench.client import (
     REPO_ROOT,
     ServerProcess,
@@ -473,8 +468,8 @@ def build_results(args: argparse.Namespace, bench: Bench, started_at: datetime.d
     return {
         "schema": 1,
         "started_at": started_at.isoformat(timespec="seconds"),
-        "machine": machine_info(args),
-        "versions": versions(),
+        "machine": environment.machine_info(args.machine),
+        "versions": environment.versions(),
         "settings": settings_of(args),
         "token_counting": "per-chunk tokens = each chunk's text re-tokenized with the model's tokenizer, "
                           "scaled to the server's exact usage.completion_tokens (stream_options.include_usage)",
@@ -528,69 +523,6 @@ def request_summary(row: dict) -> dict:
         "num_chunks": len(r.chunk_times), "finish_reason": r.finish_reason, "spec_decode": r.spec_decode,
         "text_sha1": hashlib.sha1(r.text.encode()).hexdigest()[:12],
     }
-
-
-def machine_info(args: argparse.Namespace) -> dict:
-    info = {
-        "name": machine_name(args),
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "memory_gb": memory_gb(),
-        "gpu": None,
-    }
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            info["gpu"] = torch.cuda.get_device_name(0)
-    except Exception:
-        pass
-    return info
-
-
-def machine_name(args: argparse.Namespace) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", args.machine or socket.gethostname()).strip("-") or "machine"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def memory_gb() -> float | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    return None
-
-
-def versions() -> dict:
-    import importlib.metadata as md
-
-    out = {"python": platform.python_version()}
-    for package in ("torch", "transformers", "httpx", "eagle-serve", "llama-cpp-python", "matplotlib"):
-        try:
-            out[package] = md.version(package)
-        except md.PackageNotFoundError:
-            out[package] = None
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
-        out["git_commit"] = commit + ("-dirty" if dirty else "")
-    except Exception:
-        out["git_commit"] = None
-    return out
 
 
 def settings_of(args: argparse.Namespace) -> dict:

@@ -1,0 +1,76 @@
+"""Where a benchmark ran: the machine and the versions of everything that shapes its numbers."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import socket
+import subprocess
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def machine_info(name: str | None) -> dict:
+    info = {
+        "name": machine_name(name),
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "memory_gb": memory_gb(),
+        "gpu": None,
+    }
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except Exception:
+        pass
+    return info
+
+
+def machine_name(name: str | None) -> str:
+    """A file-name-safe machine name: `name`, else the host name."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name or socket.gethostname()).strip("-") or "machine"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def memory_gb() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for package in ("torch", "transformers", "httpx", "eagle-serve", "llama-cpp-python", "matplotlib"):
+        try:
+            out[package] = md.version(package)
+        except md.PackageNotFoundError:
+            out[package] = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        out["git_commit"] = commit + ("-dirty" if dirty else "")
+    except Exception:
+        out["git_commit"] = None
+    return out
