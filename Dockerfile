@@ -7,6 +7,8 @@
 #                     -t eagle-serve:cuda .
 #                   docker run --gpus all -p 8000:8000 eagle-serve:cuda
 #   Run:            docker run -p 8000:8000 -v eagle-cache:/cache eagle-serve:cpu [eagle-serve flags]
+#   No registry:    scripts/podman-smoke.sh builds on a local debootstrapped base image
+#                   (PYTHON_IMAGE) with torch from a local wheel folder (PIP_FIND_LINKS).
 #
 # The CUDA variant differs only in the torch wheel: PyTorch's CUDA wheels carry the CUDA runtime
 # libraries themselves, and the NVIDIA container toolkit (`--gpus`) supplies the driver, so no
@@ -16,6 +18,8 @@
 # EAGLE_SERVE_API_KEY, EAGLE_SERVE_HOST, EAGLE_SERVE_PORT, ...). Flags given after the image
 # name go to the `eagle-serve` entrypoint and override the environment. See docs/deployment.md.
 
+# Any Debian-like image with Python 3.11 and venv: `python3` is used, not `python`, so that a
+# plain Debian bookworm root filesystem with python3-venv serves as well as the official image.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # ---------------------------------------------------------------------------------------------
@@ -25,6 +29,12 @@ FROM ${PYTHON_IMAGE} AS build
 ARG TORCH_VERSION=2.13.0
 # The CPU wheel by default; a CUDA index (e.g. .../whl/cu128) or PyPI itself gives a CUDA build.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# Optional: a folder of wheels inside the build (e.g. a host folder mounted with
+# `podman build -v /opt/wheels:/wheels:ro --build-arg PIP_FIND_LINKS=/wheels`). pip reads the
+# variable itself and takes wheels from there too; a local +cpu torch wheel wins over PyPI's.
+ARG PIP_FIND_LINKS=
+# Optional: a CA bundle for pip, for networks that intercept TLS (mount it like the wheels).
+ARG PIP_CERT=
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/venv/bin:$PATH
@@ -32,7 +42,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 # torch first and from its own index: the project's `torch>=2.4` is then already met, so the
 # install below pulls no second (multi-GB CUDA) torch from PyPI. Its own layer, so code changes
 # do not re-download it.
-RUN python -m venv /opt/venv \
+RUN python3 -m venv /opt/venv \
     && pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
 
 WORKDIR /src
@@ -83,6 +93,6 @@ EXPOSE 8000
 # /health answers 503 while the model loads and 200 once it serves; urlopen raises on 503, so the
 # check fails until then. The start period covers the model load. Python, so no curl is needed.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=300s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('EAGLE_SERVE_PORT', '8000') + '/health', timeout=4)"]
+    CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('EAGLE_SERVE_PORT', '8000') + '/health', timeout=4)"]
 
 ENTRYPOINT ["eagle-serve"]

