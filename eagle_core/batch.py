@@ -41,6 +41,9 @@ class SeqWork:
     """The live lists (not copies): read-only for the worker, used for penalties."""
     max_new_tokens: int
     """Most tokens the worker may return this step (max_tokens and context length left)."""
+    draft_skip_reason: str | None = None
+    """Why a decode step of a speculating engine got no draft slots ("length_cap",
+    "token_budget", "batch_size"); None otherwise."""
 
 
 @dataclass

@@ -59,6 +59,9 @@ class SpecConfig:
     """Draft forwards per step (levels of the tree)."""
     top_k: int = 4
     """Children expanded per frontier node; 1 gives a chain."""
+    max_batch: int = 0
+    """Speculate only while at most this many sequences run (0: always). Past it, steps decode
+    plainly (counted as fallback "batch_size")."""
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ class SpecCounters:
             if seq_result is None or len(work.token_ids) != 1:
                 continue  # prefill steps never draft
             if seq_result.num_draft_tokens == 0:
-                reason = "length_cap" if work.max_new_tokens <= 1 else "token_budget"
+                reason = work.draft_skip_reason or "no_draft"  # no_draft: a tree found no candidate
                 self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
                 continue
             self.num_drafts += 1
@@ -86,7 +86,9 @@ class Engine:
         self.max_model_len = self.config.model.max_model_len
         cache = self.config.cache
         self.block_manager = BlockManager(cache.kv_cache_tokens // cache.block_size, cache.block_size)
-        self.scheduler = Scheduler(self.config.scheduler, self.block_manager, self.worker.num_draft_slots)
+        self.scheduler = Scheduler(
+            self.config.scheduler, self.block_manager, self.worker.num_draft_slots, self.config.spec.max_batch
+        )
         self.eos_token_ids = self._eos_ids()
         self._tracked: dict[str, _Tracked] = {}
         self._pending: list[RequestOutput] = []

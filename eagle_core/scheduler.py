@@ -25,11 +25,21 @@ from eagle_core.request import Request, RequestStatus
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, num_draft_slots: int = 0):
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        num_draft_slots: int = 0,
+        max_spec_batch: int = 0,
+    ):
         self.config = config
         self.blocks = block_manager
         self.num_draft_slots = num_draft_slots
         """Draft-tree tokens per decoding sequence per step (tree size minus its root)."""
+        self.max_spec_batch = max_spec_batch
+        """Above this many running sequences a step decodes without trees (0: no limit): with a
+        big batch the target forward is no longer nearly free for extra tokens, and
+        verifying trees costs more than it saves."""
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -76,17 +86,18 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         work: list[SeqWork] = []
         preempted = False
+        speculate = not self.max_spec_batch or len(self.running) <= self.max_spec_batch
 
         for request in list(self.running):
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new, num_draft = self._plan(request, budget)
+            num_new, num_draft, skip_reason = self._plan(request, budget, speculate)
             if num_new == 0:
                 continue
             if not self._reserve(request, num_new + num_draft):
                 preempted = True
                 continue
-            work.append(self._work(request, num_new, num_draft))
+            work.append(self._work(request, num_new, num_draft, skip_reason))
             budget -= num_new + num_draft
 
         while (
@@ -96,7 +107,7 @@ class Scheduler:
             and len(self.running) < self.config.max_num_seqs
         ):
             request = self.waiting[0]
-            num_new, _ = self._plan(request, budget)
+            num_new, _, _ = self._plan(request, budget, speculate=False)
             if not self.blocks.can_grow(request.block_table, request.num_computed_tokens + num_new):
                 break  # FCFS: never let a later request overtake the head of the queue
             self.waiting.popleft()
@@ -109,17 +120,26 @@ class Scheduler:
         finished, self._finished_ids = self._finished_ids, []
         return ScheduledBatch(seqs=work, finished_request_ids=finished)
 
-    def _plan(self, request: Request, budget: int) -> tuple[int, int]:
-        """(tokens to compute, draft slots) for this request within `budget` tokens."""
+    def _plan(self, request: Request, budget: int, speculate: bool) -> tuple[int, int, str | None]:
+        """(tokens to compute, draft slots, why a decode step gets no draft slots) for this
+        request within `budget` tokens."""
         remaining = request.num_tokens - request.num_computed_tokens
         if remaining > 1:  # prefilling (a new prompt or a recompute after preemption)
-            return min(remaining, budget), 0
+            return min(remaining, budget), 0, None
         if budget < 1:
-            return 0, 0
+            return 0, 0, None
+        if not self.num_draft_slots:
+            return 1, 0, None
         # Drafting past the output cap is wasted work: at most max_output - output - 1 drafts
         # can be accepted before the bonus token reaches the cap.
         room = request.max_output_tokens - request.num_output_tokens - 1
-        return 1, max(0, min(self.num_draft_slots, budget - 1, room))
+        if room < 1:
+            return 1, 0, "length_cap"
+        if budget < 2:
+            return 1, 0, "token_budget"
+        if not speculate:
+            return 1, 0, "batch_size"
+        return 1, min(self.num_draft_slots, budget - 1, room), None
 
     def _reserve(self, request: Request, num_tokens: int) -> bool:
         """Grow `request`'s blocks for num_tokens more tokens, preempting newer requests as needed.
@@ -144,7 +164,7 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def _work(self, request: Request, num_new: int, num_draft: int) -> SeqWork:
+    def _work(self, request: Request, num_new: int, num_draft: int, skip_reason: str | None = None) -> SeqWork:
         start = request.num_computed_tokens
         return SeqWork(
             request_id=request.request_id,
@@ -157,6 +177,7 @@ class Scheduler:
             prompt_token_ids=request.prompt_token_ids,
             output_token_ids=request.output_token_ids,
             max_new_tokens=request.max_output_tokens - request.num_output_tokens,
+            draft_skip_reason=skip_reason,
         )
 
     # ---- applying a step's results ------------------------------------------------------

@@ -106,6 +106,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--num-draft-tokens", "spec", "num_draft_tokens", "draft tree size including the root"),
     Flag("--draft-depth", "spec", "depth", "draft forwards per step (tree levels)"),
     Flag("--draft-top-k", "spec", "top_k", "children expanded per tree node (1 = a chain)"),
+    Flag("--spec-max-batch", "spec", "max_batch", "speculate only while at most this many sequences run (0 = always)"),
 )
 _BY_DEST = {f.dest: f for f in FLAGS}
 # A switch with no field of its own: it clears spec.draft (plain decoding, the speedup baseline).

@@ -12,8 +12,8 @@ from eagle_core.scheduler import Scheduler
 GREEDY = SamplingParams(temperature=0, max_tokens=100)
 
 
-def make(num_blocks=64, block_size=4, draft_slots=0, **config) -> Scheduler:
-    return Scheduler(SchedulerConfig(**config), BlockManager(num_blocks, block_size), draft_slots)
+def make(num_blocks=64, block_size=4, draft_slots=0, max_spec_batch=0, **config) -> Scheduler:
+    return Scheduler(SchedulerConfig(**config), BlockManager(num_blocks, block_size), draft_slots, max_spec_batch)
 
 
 def request(rid: str, prompt_len: int, max_output: int = 100, eos=frozenset()) -> Request:
@@ -133,3 +133,28 @@ def test_abort_frees_blocks_and_tells_the_worker():
     s.finish("a", "abort")
     assert s.blocks.num_free_blocks == s.blocks.num_blocks
     assert s.schedule().finished_request_ids == ["a"]
+
+
+def test_past_max_spec_batch_steps_decode_without_trees():
+    s = make(draft_slots=4, max_spec_batch=2)
+    for rid in "ab":
+        s.add(request(rid, 3))
+    step(s)
+    batch, _ = step(s)
+    assert [w.num_draft_slots for w in batch.seqs] == [4, 4]
+    s.add(request("c", 3))
+    step(s)  # c prefills; three sequences now run
+    batch, _ = step(s)
+    assert [w.num_draft_slots for w in batch.seqs] == [0, 0, 0]
+    assert {w.draft_skip_reason for w in batch.seqs} == {"batch_size"}
+    s.finish("c", "stop")
+    batch, _ = step(s)
+    assert [w.num_draft_slots for w in batch.seqs] == [4, 4]
+
+
+def test_skip_reasons_for_length_and_budget():
+    s = make(draft_slots=4, max_num_batched_tokens=64)
+    s.add(request("a", 3, max_output=2))
+    step(s)
+    batch, _ = step(s)
+    assert batch.seqs[0].num_draft_slots == 0 and batch.seqs[0].draft_skip_reason == "length_cap"
