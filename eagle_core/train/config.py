@@ -76,10 +76,16 @@ class TrainerConfig:
     num_threads: int = 2
     seed: int = 0
     save_every_steps: int = 100
+    response_repeat: int = 1
+    """Self-distilled sequences appear this many times per epoch (fixed text once): they match
+    what the head drafts at serving time."""
     max_train_tokens: int | None = None
     """Use only the first N captured tokens (for acceptance-versus-data-size runs)."""
     output: str | None = None
     """Head directory (default: <work_dir>/head)."""
+    snapshot_fractions: tuple[float, ...] = ()
+    """Also save the head (with validation accuracy) after these fractions of the run, e.g.
+    (0.25, 0.5): in a one-epoch run, heads that have seen 25% and 50% of the data."""
 
 
 @dataclass(frozen=True)

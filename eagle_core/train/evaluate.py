@@ -107,6 +107,8 @@ def evaluate_head(cfg: TrainConfig, head: str, out_dir: str, sets: tuple[str, ..
     report: dict = {"head": head, "tree": None, "results": {}}
     llm = None
     for name in sets:
+        if not prompts[name]:
+            continue
         for temperature in ec.temperatures:
             key = f"{name}_T{temperature:g}"
             path = os.path.join(out_dir, f"{key}.json")

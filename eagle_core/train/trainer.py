@@ -251,6 +251,9 @@ def train_head(target_model, shard_files: list[str], tc: TrainerConfig, out_dir:
     torch.set_num_threads(max(1, tc.num_threads))
     seqs = load_sequences(shard_files, tc.max_train_tokens, tc.seed)
     train, val = split_validation(seqs)
+    unique_tokens = sum(len(s) for s in train)
+    if tc.response_repeat > 1:
+        train = train + [s for s in train if s.key.startswith("resp:")] * (tc.response_repeat - 1)
     vocab_size = target_model.config.vocab_size
     draft_ids, coverage = choose_draft_vocab(train, vocab_size, tc.draft_vocab_size)
     num_train_tokens = sum(len(s) for s in train)
@@ -304,6 +307,18 @@ def train_head(target_model, shard_files: list[str], tc: TrainerConfig, out_dir:
         accs = [sum(r[k] for r in running) / len(running) for k in range(tc.ttt_steps)]
         bar.set_postfix(loss=f"{loss.item():.3f}", acc="/".join(f"{a:.2f}" for a in accs))
         bar.update(1)
+        for fraction in tc.snapshot_fractions:
+            if step == max(1, round(fraction * total_steps)) and step < total_steps:
+                snap_dir = f"{out_dir.rstrip('/')}-at{fraction:g}"
+                if not os.path.exists(snap_dir):
+                    val_acc = evaluate_accuracy(head, val, tc, t2d) if val else []
+                    _publish_head(head, snap_dir, {
+                        "kind": tc.kind, "step": step, "of_steps": total_steps,
+                        "tokens_seen": int(fraction * tc.epochs * num_train_tokens),
+                        "val_top1_accuracy_by_step": val_acc,
+                        "train_wall_s": elapsed_before + time.time() - start})
+                    log(f"snapshot {snap_dir}: val accuracy by step "
+                        + " ".join(f"{a:.3f}" for a in val_acc))
         if step % tc.save_every_steps == 0 or step == total_steps:
             _save_ckpt(ckpt_path, head, optimizer, sched, step, total_steps, num_train_tokens,
                        elapsed_before + time.time() - start)
@@ -313,22 +328,30 @@ def train_head(target_model, shard_files: list[str], tc: TrainerConfig, out_dir:
     wall = elapsed_before + time.time() - start
     val_acc = evaluate_accuracy(head, val, tc, t2d) if val else []
     log("validation top-1 accuracy by step: " + " ".join(f"{a:.3f}" for a in val_acc))
-    tmp = out_dir.rstrip("/") + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_draft_head(head.to(torch.bfloat16), tmp)
     summary = {
         "kind": tc.kind, "steps": total_steps, "epochs": tc.epochs, "ttt_steps": tc.ttt_steps,
         "train_sequences": len(train), "train_tokens": num_train_tokens,
+        "unique_train_tokens": unique_tokens, "response_repeat": tc.response_repeat,
         "val_sequences": len(val), "draft_vocab_size": len(draft_ids),
         "draft_vocab_coverage": coverage, "val_top1_accuracy_by_step": val_acc,
         "train_wall_s": wall, "lr": tc.lr, "batch_tokens": tc.batch_tokens,
     }
+    _publish_head(head, out_dir, summary)
+    log(f"saved head to {out_dir}")
+    return summary
+
+
+def _publish_head(head: Eagle3Head, out_dir: str, summary: dict) -> None:
+    """Write a bf16 copy of the head plus training.json, atomically replacing out_dir."""
+    import copy
+
+    tmp = out_dir.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_draft_head(copy.deepcopy(head).to(torch.bfloat16), tmp)
     with open(os.path.join(tmp, "training.json"), "w") as f:
         json.dump(summary, f, indent=2)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)
-    log(f"saved head to {out_dir}")
-    return summary
 
 
 def _cosine(warmup: int, total: int):
