@@ -76,6 +76,9 @@ class TrainerConfig:
     num_threads: int = 2
     seed: int = 0
     save_every_steps: int = 100
+    exclude_sources: tuple[str, ...] = ("pypi:tqdm==",)
+    """Fixed-text chunks whose source starts with one of these are left out of training (tqdm's
+    README is MPL-2.0 AND MIT; the corpus filter now rejects MPL, but older captures hold it)."""
     response_repeat: int = 1
     """Self-distilled sequences appear this many times per epoch (fixed text once): they match
     what the head drafts at serving time."""

@@ -29,6 +29,10 @@ def corpus_path(cfg: TrainConfig) -> str:
     return os.path.join(cfg.work_dir, "corpus", "chunks.jsonl")
 
 
+_COPYLEFT = ("GPL", "MPL", "EPL", "CDDL", "SSPL", "EUPL")
+"""Licence markers that exclude a package even when a permissive licence is also named."""
+
+
 def _license_of(msg) -> str:
     parts = [msg.get("License-Expression") or "", (msg.get("License") or "").split("\n")[0]]
     parts += [c for c in msg.get_all("Classifier") or [] if c.startswith("License ::")]
@@ -45,7 +49,7 @@ def _package_docs(accepted: tuple[str, ...]) -> list[dict]:
         if not isinstance(body, str) or len(body) < 2000:
             continue
         lic = _license_of(msg)
-        if not lic or "GPL" in lic or not any(a.lower() in lic.lower() for a in accepted):
+        if not lic or any(c in lic for c in _COPYLEFT) or not any(a.lower() in lic.lower() for a in accepted):
             continue
         out.append({
             "source": f"pypi:{msg.get('Name')}=={msg.get('Version')} (METADATA description)",

@@ -244,12 +244,15 @@ def evaluate_accuracy(head, seqs, tc: TrainerConfig, t2d) -> list[float]:
 
 
 def train_head(target_model, shard_files: list[str], tc: TrainerConfig, out_dir: str,
-               state_dir: str, log=logger.info) -> dict:
+               state_dir: str, log=logger.info, exclude: set[str] = frozenset()) -> dict:
     """Train (resuming from state_dir/ckpt.pt) and save the head to out_dir; returns a summary."""
     if tc.kind != "eagle3":
         raise ValueError(f"trainer kind {tc.kind!r} is not implemented (use eagle3)")
     torch.set_num_threads(max(1, tc.num_threads))
     seqs = load_sequences(shard_files, tc.max_train_tokens, tc.seed)
+    if exclude:
+        log(f"excluding {sum(s.key in exclude for s in seqs)} sequences (trainer.exclude_sources)")
+        seqs = [s for s in seqs if s.key not in exclude]
     train, val = split_validation(seqs)
     unique_tokens = sum(len(s) for s in train)
     if tc.response_repeat > 1:
@@ -372,9 +375,22 @@ def _save_ckpt(path, head, optimizer, sched, step, total_steps, num_train_tokens
     os.replace(tmp, path)
 
 
+def excluded_keys(cfg: TrainConfig) -> set[str]:
+    """Keys of fixed-text chunks from `trainer.exclude_sources`."""
+    from eagle_core.train.common import read_jsonl
+    from eagle_core.train.corpus import corpus_path
+
+    path = corpus_path(cfg)
+    if not cfg.trainer.exclude_sources or not os.path.exists(path):
+        return set()
+    return {f"corpus:{i}" for i, row in enumerate(read_jsonl(path))
+            if row["source"].startswith(tuple(cfg.trainer.exclude_sources))}
+
+
 def run_train(cfg: TrainConfig) -> dict:
     tc = cfg.trainer
     out_dir = tc.output or os.path.join(cfg.work_dir, "head")
     target = load_target(cfg).model
     name = os.path.basename(out_dir.rstrip("/"))
-    return train_head(target, shard_paths(cfg), tc, out_dir, os.path.join(cfg.work_dir, "train", name))
+    return train_head(target, shard_paths(cfg), tc, out_dir, os.path.join(cfg.work_dir, "train", name),
+                      exclude=excluded_keys(cfg))
