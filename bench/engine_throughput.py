@@ -59,6 +59,20 @@ def engine_rate(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> d
     }
 
 
+def sequential_rate(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> dict:
+    """Batch 1: the prompts one after another, each alone in the engine (the HF row's prompts)."""
+    rows = [engine_rate(llm, [prompt], params) for prompt in prompts]
+    tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
+    taus = [r["mean_acceptance_length"] for r in rows if r["mean_acceptance_length"]]
+    return {
+        "requests": len(prompts),
+        "tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(tokens / seconds, 2),
+        "mean_acceptance_length": round(sum(taus) / len(taus), 3) if taus else None,
+    }
+
+
 def hf_rate(model, prompts: list[list[int]], max_tokens: int) -> dict:
     tokens, start = 0, time.perf_counter()
     for prompt in prompts:
@@ -96,7 +110,9 @@ def main() -> None:
     rows = {}
     for c in args.concurrency:
         batch = (prompts * (c // len(prompts) + 1))[:c]
-        rows[f"engine c={c}"] = engine_rate(llm, batch, params)
+        rows[f"engine c={c}"] = (
+            sequential_rate(llm, prompts[: args.hf_prompts], params) if c == 1 else engine_rate(llm, batch, params)
+        )
         print(f"engine     c={c:<3} {rows[f'engine c={c}']['tokens_per_s']:8.1f} tok/s", flush=True)
     if args.draft:
         spec_llm = LLM(model=args.model, dtype=args.dtype, config=EngineConfig(
@@ -104,7 +120,11 @@ def main() -> None:
         spec_llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8))
         for c in args.concurrency:
             batch = (prompts * (c // len(prompts) + 1))[:c]
-            rows[f"eagle c={c}"] = engine_rate(spec_llm, batch, params)
+            rows[f"eagle c={c}"] = (
+                sequential_rate(spec_llm, prompts[: args.hf_prompts], params)
+                if c == 1
+                else engine_rate(spec_llm, batch, params)
+            )
             print(f"eagle      c={c:<3} {rows[f'eagle c={c}']['tokens_per_s']:8.1f} tok/s "
                   f"(tau {rows[f'eagle c={c}']['mean_acceptance_length']})", flush=True)
 

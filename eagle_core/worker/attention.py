@@ -27,7 +27,7 @@ ATTN_NAME = "eagle_paged"
 class AttnGroup:
     query_index: torch.Tensor  # [B, Q] long: positions of each sequence's new tokens in the packed row
     key_slots: torch.Tensor  # [B, L] long: KV slots of positions 0..L-1 (padding points at slot 0)
-    mask: torch.Tensor  # [B, 1, Q, L] bool: True where query may attend key
+    mask: torch.Tensor | None  # [B, 1, Q, L] bool: True where query may attend key; None = all
 
 
 @dataclass

@@ -112,4 +112,7 @@ def _build_group(
     in_tail = (rel >= 0) & (rel < tail_len)
     tail_part = tail_mask.gather(2, rel.clamp(0, tail_len - 1)[:, None, :].expand(batch, q_len, key_len))
     mask = (rel < 0)[:, None, :] | (tail_part & in_tail[:, None, :])  # [B, Q, L]
-    return AttnGroup(query_index, key_slots, mask.unsqueeze(1)), new_slots
+    # A mask that allows everything (one decoding sequence) is dropped: sdpa then takes its
+    # faster unmasked path.
+    full = bool(mask.all())
+    return AttnGroup(query_index, key_slots, None if full else mask.unsqueeze(1)), new_slots
