@@ -30,6 +30,9 @@ class GenerateConfig:
     """Part p uses temperatures[p % len]: mostly greedy (what T=0 serving sees), some sampled."""
     max_num_seqs: int = 64
     system_prompt: str | None = None
+    committed_dir: str | None = None
+    """Directory of committed, gzipped response parts (part-NNNNN.jsonl.gz): parts found there are
+    unpacked into the work dir instead of being generated again."""
 
 
 @dataclass(frozen=True)

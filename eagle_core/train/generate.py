@@ -8,6 +8,7 @@ accumulates when `max_prompts` is raised.
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
 import time
@@ -59,6 +60,7 @@ def run_generate(cfg: TrainConfig) -> None:
         train = train[: gen.max_prompts]
     parts = [train[i : i + gen.part_size] for i in range(0, len(train), gen.part_size)]
     out_dir = responses_dir(cfg)
+    _unpack_committed(gen.committed_dir, out_dir, len(parts))
     todo = [p for p in range(len(parts)) if not os.path.exists(_part_path(out_dir, p))]
     logger.info("generate: %d parts of %d prompts, %d to do", len(parts), gen.part_size, len(todo))
     if not todo:
@@ -100,6 +102,21 @@ def load_responses(cfg: TrainConfig) -> list[dict]:
     for path in sorted(glob.glob(os.path.join(responses_dir(cfg), "part-*.jsonl"))):
         rows.extend(read_jsonl(path))
     return rows
+
+
+def _unpack_committed(committed_dir: str | None, out_dir: str, num_parts: int) -> None:
+    """Copy committed parts (gzipped JSONL) into the work dir, so they are not generated again."""
+    import gzip
+
+    if not committed_dir or not os.path.isdir(committed_dir):
+        return
+    for p in range(num_parts):
+        src = os.path.join(committed_dir, f"part-{p:05d}.jsonl.gz")
+        dst = _part_path(out_dir, p)
+        if os.path.exists(src) and not os.path.exists(dst):
+            with gzip.open(src, "rt", encoding="utf-8") as f:
+                write_jsonl(dst, [json.loads(line) for line in f if line.strip()])
+            logger.info("part %d: taken from %s", p, src)
 
 
 def _part_path(out_dir: str, p: int) -> str:

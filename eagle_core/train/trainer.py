@@ -267,7 +267,6 @@ def train_head(target_model, shard_files: list[str], tc: TrainerConfig, out_dir:
     t2d[draft_ids] = torch.arange(len(draft_ids))
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=(0.9, 0.95), weight_decay=tc.weight_decay)
-    rng = random.Random(tc.seed)
     steps_per_epoch = len(make_batches(train, tc.batch_tokens, tc.max_seq_len, random.Random(0)))
     total_steps = max(1, int(steps_per_epoch * tc.epochs))
     sched = torch.optim.lr_scheduler.LambdaLR(optimizer, _cosine(tc.warmup_steps, total_steps))

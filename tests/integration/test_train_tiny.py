@@ -6,7 +6,6 @@ EAGLE-3 head must lower its loss and beat a random head's acceptance length in t
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -15,7 +14,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from eagle_core import LLM, EngineConfig, SamplingParams, SpecConfig
-from eagle_core.spec.draft_head import Eagle3Head, draft_config_from_target, eagle3_layer_ids, save_draft_head
+from eagle_core.spec.draft_head import (
+    Eagle3Head,
+    draft_config_from_target,
+    eagle3_layer_ids,
+    save_draft_head,
+)
 from eagle_core.train import trainer as trainer_module
 from eagle_core.train.config import TrainConfig, load_config
 from eagle_core.train.features import run_features, shard_paths
@@ -125,4 +129,3 @@ def test_training_lowers_loss_and_beats_a_random_head(tiny4_dir, tmp_path):
     tau_random = mean_tau(tiny4_dir, tmp_path / "random", prompts)
     print(f"tau trained {tau_trained:.2f} random {tau_random:.2f}")
     assert tau_trained > tau_random + 0.3, (tau_trained, tau_random)
-    assert dataclasses.is_dataclass(cfg)
