@@ -28,6 +28,9 @@ class AttnGroup:
     query_index: torch.Tensor  # [B, Q] long: positions of each sequence's new tokens in the packed row
     key_slots: torch.Tensor  # [B, L] long: KV slots of positions 0..L-1 (padding points at slot 0)
     mask: torch.Tensor | None  # [B, 1, Q, L] bool: True where query may attend key; None = all
+    first_token: int | None = None
+    """Set when the group's queries are the packed positions first_token .. first_token + B*Q - 1
+    in order (always the case for a single group): queries and outputs are then plain views."""
 
 
 @dataclass
@@ -56,13 +59,24 @@ def paged_attention(
     num_tokens = query.shape[2]
     out = query.new_empty(num_tokens, query.shape[1], query.shape[3])  # [T, heads, head_dim]
     for group in eagle_meta.groups:
-        # [heads, B, Q, head_dim] -> [B, heads, Q, head_dim]
-        q = query[0][:, group.query_index].transpose(0, 1)
+        batch, q_len = group.query_index.shape
+        if group.first_token is not None:  # a contiguous run: slice instead of gather/scatter
+            start, stop = group.first_token, group.first_token + batch * q_len
+            # [heads, B*Q, head_dim] -> [B, heads, Q, head_dim]
+            q = query[0, :, start:stop].view(query.shape[1], batch, q_len, -1).transpose(0, 1)
+        else:
+            q = query[0][:, group.query_index].transpose(0, 1)  # [B, heads, Q, head_dim]
         k, v = eagle_kv.gather(layer, group.key_slots)  # [B, kv_heads, L, head_dim]
         o = F.scaled_dot_product_attention(
             q, k, v, attn_mask=group.mask, scale=scaling, enable_gqa=q.shape[1] != k.shape[1]
         )  # [B, heads, Q, head_dim]
-        out[group.query_index.reshape(-1)] = o.transpose(1, 2).reshape(-1, *out.shape[1:])
+        o = o.transpose(1, 2).reshape(-1, *out.shape[1:])  # [B*Q, heads, head_dim]
+        if group.first_token is not None:
+            if len(eagle_meta.groups) == 1:
+                return o.unsqueeze(0), None  # [1, T, heads, head_dim]
+            out[start:stop] = o
+        else:
+            out[group.query_index.reshape(-1)] = o
     return out.unsqueeze(0), None  # [1, T, heads, head_dim], as transformers expects
 
 

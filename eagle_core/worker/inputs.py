@@ -70,6 +70,9 @@ def build_inputs(seqs: list[SeqInput], block_size: int, device: torch.device) ->
             [seqs[m] for m in members], [offsets[m] for m in members], q_len, tail_len, block_size, device
         )
         slot_mapping[group.query_index.reshape(-1)] = new_slots.reshape(-1)
+        first = offsets[members[0]]
+        if all(offsets[m] == first + i * q_len for i, m in enumerate(members)):
+            group.first_token = first
         groups.append(group)
     meta = AttentionMetadata(slot_mapping=slot_mapping, groups=groups)
     return ForwardInputs(input_ids.unsqueeze(0), position_ids.unsqueeze(0), meta, offsets)
