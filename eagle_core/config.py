@@ -62,9 +62,10 @@ class SpecConfig:
     """Draft forwards per step (levels of the tree)."""
     top_k: int = 3
     """Children expanded per frontier node; 1 gives a chain."""
-    max_batch: int = 0
+    max_batch: int = 2
     """Speculate only while at most this many sequences run (0: always). Past it, steps decode
-    plainly (counted as fallback "batch_size")."""
+    plainly (counted as fallback "batch_size"). 2 fits the shipped head on a CPU: it measured
+    1.21x at 1 client, 1.02x at 2 and 0.90-0.95x at 4-8 (bench/results/2026-11-30-vm-quick.md)."""
 
 
 @dataclass(frozen=True)
