@@ -98,9 +98,12 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
 
+    # The plain rows decode without a draft head (draft=None, not "auto", which would load the
+    # shipped head for the default model); the EAGLE rows speculate at every batch size.
     config = EngineConfig(
         model=ModelConfig(model=args.model, dtype=args.dtype, max_model_len=2048),
         scheduler=SchedulerConfig(max_num_seqs=max(args.concurrency)),
+        spec=SpecConfig(draft=None),
     )
     llm = LLM(model=args.model, dtype=args.dtype, config=config)
     prompts = [llm.engine.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]
@@ -116,7 +119,7 @@ def main() -> None:
         print(f"engine     c={c:<3} {rows[f'engine c={c}']['tokens_per_s']:8.1f} tok/s", flush=True)
     if args.draft:
         spec_llm = LLM(model=args.model, dtype=args.dtype, config=EngineConfig(
-            model=config.model, scheduler=config.scheduler, spec=SpecConfig(draft=args.draft)))
+            model=config.model, scheduler=config.scheduler, spec=SpecConfig(draft=args.draft, max_batch=0)))
         spec_llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8))
         for c in args.concurrency:
             batch = (prompts * (c // len(prompts) + 1))[:c]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
-from eagle_core.config import EngineConfig, ModelConfig
+from eagle_core.config import AUTO_DRAFT, EngineConfig, ModelConfig
 from eagle_core.engine import Engine
 from eagle_core.outputs import SpecStats
 from eagle_core.sampling_params import SamplingParams
@@ -31,14 +31,16 @@ class LLM:
         model: str = ModelConfig.model,
         dtype: str = "auto",
         config: EngineConfig | None = None,
-        draft: str | None = None,
+        draft: str | None = AUTO_DRAFT,
         **model_options,
     ):
+        """`draft`: an EAGLE head directory, "auto" (the shipped head for the default model) or
+        None (plain decoding). It overrides `config.spec.draft` unless left at "auto"."""
         config = config or EngineConfig()
         config = dataclasses.replace(
             config,
             model=dataclasses.replace(config.model, model=model, dtype=dtype, **model_options),
-            spec=dataclasses.replace(config.spec, draft=draft) if draft is not None else config.spec,
+            spec=config.spec if draft == AUTO_DRAFT else dataclasses.replace(config.spec, draft=draft),
         )
         self.engine = Engine(config)
         self._ids = itertools.count()

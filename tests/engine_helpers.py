@@ -25,7 +25,8 @@ def make_engine(
         model=ModelConfig(model=str(model_dir), dtype="float32", device="cpu", max_model_len=max_model_len),
         cache=CacheConfig(kv_cache_tokens=kv_tokens),
         scheduler=dataclasses.replace(SchedulerConfig(), **sched),
-        spec=dataclasses.replace(spec or SpecConfig(), draft=draft),
+        # Tests of speculation want trees whatever the batch size: no load-based fallback.
+        spec=dataclasses.replace(spec or SpecConfig(), draft=draft, max_batch=0),
     )
     return Engine(config)
 

@@ -37,11 +37,15 @@ def mtbench_first_turns() -> list[str]:
 
 
 def _engine(cfg: TrainConfig, draft: str | None, max_num_seqs: int = 32):
-    from eagle_core import LLM, EngineConfig, SchedulerConfig
+    from eagle_core import LLM, EngineConfig, SchedulerConfig, SpecConfig
 
-    config = EngineConfig(scheduler=SchedulerConfig(max_num_seqs=max_num_seqs,
-                                                    max_num_batched_tokens=1024))
-    return LLM(model=cfg.model, dtype=cfg.dtype, config=config, draft=draft)
+    # Acceptance does not depend on the batch size, so speculate at any batch size here
+    # (max_batch=0); draft=None really means plain decoding (not the shipped head).
+    config = EngineConfig(
+        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024),
+        spec=SpecConfig(draft=draft, max_batch=0),
+    )
+    return LLM(model=cfg.model, dtype=cfg.dtype, config=config)
 
 
 def acceptance(llm, conversations: list[list[dict]], temperature: float, max_tokens: int,

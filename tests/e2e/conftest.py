@@ -79,7 +79,7 @@ def tiny_spec_server(tmp_path_factory, tiny_llama_dir, tiny_draft_dir) -> Iterat
     config = root / "server.yaml"
     config.write_text(
         f"model: {tiny_llama_dir}\ndraft: {tiny_draft_dir}\nnum_draft_tokens: 8\n"
-        "draft_depth: 3\ndraft_top_k: 2\ndevice: cpu\ndtype: float32\n"
+        "draft_depth: 3\ndraft_top_k: 2\nspec_max_batch: 0\ndevice: cpu\ndtype: float32\n"
     )
     server = start_server(
         ["--config", str(config), "--served-model-name", "tiny"], root / "server.log"

@@ -42,7 +42,7 @@ def metrics_server(request, tmp_path_factory, tiny_llama_dir: Path) -> ServerPro
         head = oracle_head_dir(target, root / "oracle")
         args = ["--model", str(target), "--draft", str(head), "--served-model-name", MODEL,
                 "--num-draft-tokens", str(NUM_DRAFT_TOKENS), "--draft-depth", str(DEPTH),
-                "--draft-top-k", str(TOP_K), "--device", "cpu", "--dtype", "float32",
+                "--draft-top-k", str(TOP_K), "--spec-max-batch", "0", "--device", "cpu", "--dtype", "float32",
                 "--max-num-seqs", "4"]  # fmt: skip
         server = start_server(args, root / "server.log")
         setattr(request.config, _CONFIG_ATTR, server)

@@ -26,7 +26,7 @@ from eagle_core.train.features import run_features, shard_paths
 from eagle_core.train.generate import run_generate, run_prompts
 from tests.models import make_tiny_tokenizer, tiny_config
 
-SPEC = SpecConfig(num_draft_tokens=8, depth=4, top_k=2)
+SPEC = SpecConfig(num_draft_tokens=8, depth=4, top_k=2, max_batch=0)
 
 
 @pytest.fixture(scope="module")
