@@ -95,6 +95,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--hf-prompts", type=int, default=4, help="prompts for the generate() row")
     parser.add_argument("--draft", default=None, help="EAGLE head: adds speculative rows")
+    parser.add_argument("--prompts", default=None, help="JSONL file with a 'prompt' per line "
+                        "(e.g. the head's held-out prompts: the last lines of .cache/train/smollm2/prompts.jsonl, "
+                        "made by `python -m eagle_core.train configs/train/smollm2.yaml --stages prompts`)")
+    parser.add_argument("--last", type=int, default=16, help="with --prompts: use the last N prompts")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
 
@@ -106,7 +110,11 @@ def main() -> None:
         spec=SpecConfig(draft=None),
     )
     llm = LLM(model=args.model, dtype=args.dtype, config=config)
-    prompts = [llm.engine.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]
+    questions = QUESTIONS
+    if args.prompts:
+        lines = Path(args.prompts).read_text().splitlines()
+        questions = [json.loads(line)["prompt"] for line in lines if line.strip()][-args.last :]
+    prompts = [llm.engine.apply_chat_template([{"role": "user", "content": q}]) for q in questions]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8))  # warm-up
 
@@ -152,7 +160,8 @@ def main() -> None:
     }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"engine-{datetime.date.today()}-{socket.gethostname()}.json"
+    suffix = f"-{Path(args.prompts).stem}" if args.prompts else ""
+    path = out_dir / f"engine-{datetime.date.today()}-{socket.gethostname()}{suffix}.json"
     path.write_text(json.dumps(result, indent=2))
     print(json.dumps(summary), f"\nwritten to {path}")
 
