@@ -20,6 +20,16 @@ from dataclasses import dataclass, field
 from eagle_core.sampling_params import SamplingParams
 
 
+def token_range(prompt_token_ids: list[int], output_token_ids: list[int], start: int, stop: int) -> list[int]:
+    """Tokens [start, stop) of prompt + output, without building the whole list."""
+    num_prompt = len(prompt_token_ids)
+    if stop <= num_prompt:
+        return prompt_token_ids[start:stop]
+    if start >= num_prompt:
+        return output_token_ids[start - num_prompt : stop - num_prompt]
+    return prompt_token_ids[start:] + output_token_ids[: stop - num_prompt]
+
+
 @dataclass
 class SeqWork:
     """One sequence's share of a step."""

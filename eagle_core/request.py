@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from eagle_core.batch import token_range
 from eagle_core.sampling_params import SamplingParams
 
 
@@ -46,13 +47,8 @@ class Request:
         return len(self.output_token_ids)
 
     def token_slice(self, start: int, stop: int) -> list[int]:
-        """Tokens [start, stop) of prompt + output without building the whole list."""
-        num_prompt = len(self.prompt_token_ids)
-        if stop <= num_prompt:
-            return self.prompt_token_ids[start:stop]
-        if start >= num_prompt:
-            return self.output_token_ids[start - num_prompt : stop - num_prompt]
-        return self.prompt_token_ids[start:] + self.output_token_ids[: stop - num_prompt]
+        """Tokens [start, stop) of prompt + output."""
+        return token_range(self.prompt_token_ids, self.output_token_ids, start, stop)
 
     @property
     def is_finished(self) -> bool:

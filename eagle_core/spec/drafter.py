@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from eagle_core.batch import SeqWork
+from eagle_core.batch import SeqWork, token_range
 from eagle_core.config import SpecConfig
 from eagle_core.kv import blocks_needed
 from eagle_core.spec.tree import CandidatePool, DraftTree, expand_frontier
@@ -43,16 +43,6 @@ class DraftState:
     @property
     def num_pending(self) -> int:
         return 0 if self.pending is None else self.pending.shape[0]
-
-
-def tokens_between(work: SeqWork, start: int, stop: int) -> list[int]:
-    """Tokens [start, stop) of the sequence's prompt + output."""
-    num_prompt = len(work.prompt_token_ids)
-    if stop <= num_prompt:
-        return work.prompt_token_ids[start:stop]
-    if start >= num_prompt:
-        return work.output_token_ids[start - num_prompt : stop - num_prompt]
-    return work.prompt_token_ids[start:] + work.output_token_ids[: stop - num_prompt]
 
 
 class Drafter:
@@ -111,7 +101,7 @@ class Drafter:
             if state.num_pending == 0:
                 continue
             start, count = state.draft_len, state.num_pending
-            tokens = tokens_between(work, start + 1, start + count + 1)
+            tokens = token_range(work.prompt_token_ids, work.output_token_ids, start + 1, start + count + 1)
             seqs.append(SeqInput(torch.tensor(tokens, dtype=torch.long), start, work.block_table))
             features.append(state.pending)
             owners.append(work.request_id)
