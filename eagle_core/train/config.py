@@ -15,6 +15,9 @@ class PromptsConfig:
     seed: int = 0
     num_heldout: int = 64
     """The last `num_heldout` prompts are never generated for training: they are the held-out set."""
+    style: str = "basic"
+    """"basic" (short single requests, prompts.py) or "rich" (long-form, multi-part and constrained
+    requests, rich_prompts.py). Each style has its own prompt file in the work dir."""
 
 
 @dataclass(frozen=True)

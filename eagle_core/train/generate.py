@@ -21,14 +21,15 @@ logger = logging.getLogger(__name__)
 
 
 def prompts_path(cfg: TrainConfig) -> str:
-    return os.path.join(cfg.work_dir, "prompts.jsonl")
+    style = cfg.prompts.style
+    return os.path.join(cfg.work_dir, "prompts.jsonl" if style == "basic" else f"prompts-{style}.jsonl")
 
 
 def run_prompts(cfg: TrainConfig) -> list[dict]:
     """Write (once) and return all prompts; the last num_heldout are the held-out set."""
     path = prompts_path(cfg)
     if not os.path.exists(path):
-        write_jsonl(path, make_prompts(cfg.prompts.num_prompts, cfg.prompts.seed))
+        write_jsonl(path, make_prompts(cfg.prompts.num_prompts, cfg.prompts.seed, cfg.prompts.style))
     rows = read_jsonl(path)
     logger.info("prompts: %d (%d held out)", len(rows), cfg.prompts.num_heldout)
     return rows

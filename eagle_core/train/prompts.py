@@ -194,19 +194,34 @@ CATEGORIES = {
 }
 
 
-def make_prompts(num_prompts: int, seed: int = 0) -> list[dict]:
-    """`num_prompts` distinct prompts, categories in rotation: [{"id", "category", "prompt"}]."""
+STYLES = ("basic", "rich")
+ID_BASE = {"basic": 0, "rich": 100_000}
+"""Prompt ids are unique across styles: training features are keyed by the response's prompt id,
+and one work dir can hold responses to both styles."""
+
+
+def make_prompts(num_prompts: int, seed: int = 0, style: str = "basic") -> list[dict]:
+    """`num_prompts` distinct prompts, categories in rotation: [{"id", "category", "prompt"}].
+
+    style "basic": this file's short one-request templates; "rich": rich_prompts.py's longer,
+    multi-part and constrained ones."""
+    if style == "basic":
+        categories = CATEGORIES
+    elif style == "rich":
+        from eagle_core.train.rich_prompts import CATEGORIES as categories
+    else:
+        raise ValueError(f"prompt style {style!r}: expected one of {STYLES}")
     r = random.Random(seed)
-    names = list(CATEGORIES)
+    names = list(categories)
     seen: set[str] = set()
     out: list[dict] = []
     attempts = 0
     while len(out) < num_prompts and attempts < num_prompts * 50:
         category = names[attempts % len(names)]
         attempts += 1
-        prompt = CATEGORIES[category](r)
+        prompt = categories[category](r)
         if prompt in seen:
             continue
         seen.add(prompt)
-        out.append({"id": len(out), "category": category, "prompt": prompt})
+        out.append({"id": ID_BASE[style] + len(out), "category": category, "prompt": prompt})
     return out
