@@ -62,10 +62,13 @@ QUICK = {
     "requests_per_client": 2,
     "reference_prompts": 4,
 }
+# 128 output tokens give every request >= 100 decode steps, enough for stable per-request rates,
+# and keep the full run near an hour and a half on a 2-core CPU (256 took an estimated 3+ hours);
+# GPU runs can raise it with --max-tokens.
 FULL = {
     "mt_bench_questions": 80,
     "humaneval_problems": 164,
-    "max_tokens": 256,
+    "max_tokens": 128,
     "concurrency": [1, 2, 4, 8, 16, 32],
     "requests_per_client": 4,
     "reference_prompts": 24,
