@@ -138,6 +138,29 @@ async def _collect(request: Request, stream: RequestStream, num_choices: int) ->
         stream.abort()
 
 
+def _stream_meta(
+    request: Request,
+    request_id: str,
+    model: str,
+    n: int,
+    num_choices: int,
+    include_usage: bool,
+    want_logprobs: bool,
+) -> StreamMeta:
+    """What an SSE stream needs besides the engine's outputs (chat and completions alike)."""
+    return StreamMeta(
+        id=request_id,
+        created=int(time.time()),
+        model=model,
+        n=n,
+        num_choices=num_choices,
+        include_usage=include_usage,
+        want_logprobs=want_logprobs,
+        token_texts=_token_texts(request) if want_logprobs else None,  # type: ignore[arg-type]
+        observer=_metrics(request).stream_observer(num_choices),
+    )
+
+
 # ---------------------------------------------------------------- routes
 
 
@@ -201,16 +224,8 @@ async def chat_completions(request: Request) -> Response:
         raise InvalidRequestError(exc.message, param) from None
     want_logprobs = req.logprobs
     if req.stream:
-        meta = StreamMeta(
-            id=request_id,
-            created=int(time.time()),
-            model=model,
-            n=req.n,
-            num_choices=req.n,
-            include_usage=req.include_usage,
-            want_logprobs=want_logprobs,
-            token_texts=_token_texts(request) if want_logprobs else None,  # type: ignore[arg-type]
-            observer=_metrics(request).stream_observer(req.n),
+        meta = _stream_meta(
+            request, request_id, model, req.n, req.n, req.include_usage, want_logprobs
         )
         return chat_stream(stream, meta)
     states = await _collect(request, stream, req.n)
@@ -244,16 +259,8 @@ async def completions(request: Request) -> Response:
     stream = await client.submit(request_id, all_prompts, params)
     want_logprobs = req.logprobs is not None
     if req.stream:
-        meta = StreamMeta(
-            id=request_id,
-            created=int(time.time()),
-            model=model,
-            n=req.n,
-            num_choices=len(all_prompts),
-            include_usage=req.include_usage,
-            want_logprobs=want_logprobs,
-            token_texts=_token_texts(request) if want_logprobs else None,  # type: ignore[arg-type]
-            observer=_metrics(request).stream_observer(len(all_prompts)),
+        meta = _stream_meta(
+            request, request_id, model, req.n, len(all_prompts), req.include_usage, want_logprobs
         )
         return completion_stream(stream, meta)
     states = await _collect(request, stream, len(all_prompts))
