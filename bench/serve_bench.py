@@ -63,7 +63,7 @@ QUICK = {
     "reference_prompts": 4,
 }
 # 128 output tokens give every request >= 100 decode steps, enough for stable per-request rates,
-# and keep the full run near an hour and a half on a 2-core CPU (256 took an estimated 3+ hours);
+# and keep the full run near an hour on a 2-core CPU (72 min measured; 256 was estimated at 3+ hours);
 # GPU runs can raise it with --max-tokens.
 FULL = {
     "mt_bench_questions": 80,
@@ -307,6 +307,9 @@ def reference_subset(ids: list[str], count: int) -> set[str]:
 async def run(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     started_at = datetime.datetime.now().astimezone()
+    # Versions (the git commit above all) as the servers load them, not as the tree is at the end
+    # of a long run during which work goes on.
+    versions = environment.versions()
     questions = workloads.mt_bench_questions(args.mt_bench_questions)
     code = workloads.humaneval_prompts(args.humaneval_problems)
     batch1_ids = [f"{q.id}/turn{t}" for q in questions for t in (1, 2)] + [c.id for c in code]
@@ -345,7 +348,7 @@ async def run(args: argparse.Namespace) -> dict:
     bench.log("counting tokens per chunk and computing statistics")
     tokenizer = bench.references[0].tokenizer if bench.references and hasattr(bench.references[0], "tokenizer") else load_tokenizer(args.model)
     count_chunk_tokens([r["record"] for r in bench.records], tokenizer)
-    results = build_results(args, bench, started_at)
+    results = build_results(args, bench, started_at, versions)
     results["server_logs"] = str(logs)
     results["timing"] = {
         "wall_time_s": time.perf_counter() - started,
@@ -432,7 +435,7 @@ def compare(spec: dict, base: dict) -> dict:
     }
 
 
-def build_results(args: argparse.Namespace, bench: Bench, started_at: datetime.datetime) -> dict:
+def build_results(args: argparse.Namespace, bench: Bench, started_at: datetime.datetime, versions: dict) -> dict:
     rows = bench.records
 
     def select(server: str, **match) -> list[StreamRecord]:
@@ -472,7 +475,7 @@ def build_results(args: argparse.Namespace, bench: Bench, started_at: datetime.d
         "schema": 1,
         "started_at": started_at.isoformat(timespec="seconds"),
         "machine": environment.machine_info(args.machine),
-        "versions": environment.versions(),
+        "versions": versions,
         "settings": settings_of(args),
         "token_counting": "per-chunk tokens = each chunk's text re-tokenized with the model's tokenizer, "
                           "scaled to the server's exact usage.completion_tokens (stream_options.include_usage)",
