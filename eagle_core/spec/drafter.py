@@ -5,10 +5,11 @@ predicts f_{p+1}, whose logits propose token p+2. Its KV lives in a separate one
 `KVStorage` addressed by the SAME block tables as the target's, so the scheduler's blocks cover
 both. A step drafts in two phases, before the target forward:
 
-1. catch-up: every sequence in the batch feeds the entries it owes (positions whose target
-   features arrived in earlier steps: a prefill chunk, or the root plus accepted tokens), all
-   sequences packed into one draft forward. The last entry of a decoding sequence reads the
-   root (the last sampled token) and gives the root's children.
+1. catch-up: every sequence that drafts this step feeds the entries it owes (positions whose
+   target features arrived in earlier steps: a prefill chunk, or the root plus accepted tokens),
+   all packed into one draft forward; sequences that do not draft this step feed theirs later
+   (see `catch_up`). The last entry of a decoding sequence reads the root (the last sampled
+   token) and gives the root's children.
 2. tree levels: depth - 1 more forwards over the top_k frontier nodes of every speculating
    sequence. These entries are provisional: they sit at positions past the sequence's context
    (in its reserved blocks, then in per-row scratch blocks beyond the shared pool) and are
@@ -43,6 +44,10 @@ class DraftState:
     @property
     def num_pending(self) -> int:
         return 0 if self.pending is None else self.pending.shape[0]
+
+
+DEFER_LIMIT = 64
+"""Owed draft entries (per sequence) past which catch-up feeds every sequence; see catch_up."""
 
 
 class Drafter:
@@ -94,11 +99,18 @@ class Drafter:
 
     @torch.inference_mode()
     def catch_up(self, works: list[SeqWork]) -> dict[str, torch.Tensor]:
-        """Feed every owed entry; returns the last entry's output ([hidden]) per request."""
+        """Feed owed entries; returns the last entry's output ([hidden]) per request fed.
+
+        Sequences that draft this step are always fed. The others (plain decoding above
+        --spec-max-batch, prefill chunks) keep their features owed: one packed forward over many
+        owed entries costs about what a forward over one entry per sequence costs, so catching
+        every sequence up at every step would tax plain decoding for nothing. They are all fed
+        together once any sequence owes DEFER_LIMIT entries, which bounds the held features."""
+        states = [self.state(work) for work in works]
+        flush = any(state.num_pending >= DEFER_LIMIT for state in states)
         seqs, features, owners = [], [], []
-        for work in works:
-            state = self.state(work)
-            if state.num_pending == 0:
+        for work, state in zip(works, states):
+            if state.num_pending == 0 or (work.num_draft_slots == 0 and not flush):
                 continue
             start, count = state.draft_len, state.num_pending
             tokens = token_range(work.prompt_token_ids, work.output_token_ids, start + 1, start + count + 1)

@@ -1,7 +1,8 @@
 """EAGLE speculative decoding over a scheduled batch: draft, one target forward, verify.
 
 Per step:
-  1. drafter.catch_up: every sequence feeds its owed draft entries (one packed draft forward);
+  1. drafter.catch_up: the sequences that draft this step feed their owed draft entries (one
+     packed draft forward);
   2. drafter.build_trees: depth - 1 batched draft forwards build each speculating sequence's tree;
   3. ONE target forward over prefill chunks, plain decode tokens and every tree (tree mask,
      depth-based positions);
