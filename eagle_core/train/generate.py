@@ -71,7 +71,8 @@ def run_generate(cfg: TrainConfig) -> None:
             max_num_seqs=gen.max_num_seqs, max_num_batched_tokens=max(512, 4 * gen.max_num_seqs)
         )
     )
-    llm = LLM(model=cfg.model, dtype=cfg.dtype, config=config)
+    # Plain decoding: the target alone writes the data (a draft head would only cost time here).
+    llm = LLM(model=cfg.model, dtype=cfg.dtype, config=config, draft=None)
     for p in todo:
         temperature = gen.temperatures[p % len(gen.temperatures)]
         params = SamplingParams(temperature=temperature, max_tokens=gen.max_tokens, seed=p)
