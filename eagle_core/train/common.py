@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import tempfile
@@ -27,7 +28,9 @@ def write_jsonl(path: str, rows: Iterable[dict]) -> None:
 
 
 def read_jsonl(path: str) -> list[dict]:
-    with open(path) as f:
+    """Rows of a JSONL file, gzipped when the name ends in .gz (the committed data parts)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 

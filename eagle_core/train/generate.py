@@ -8,7 +8,6 @@ accumulates when `max_prompts` is raised.
 from __future__ import annotations
 
 import glob
-import json
 import logging
 import os
 import time
@@ -108,16 +107,13 @@ def load_responses(cfg: TrainConfig) -> list[dict]:
 
 def _unpack_committed(committed_dir: str | None, out_dir: str, num_parts: int) -> None:
     """Copy committed parts (gzipped JSONL) into the work dir, so they are not generated again."""
-    import gzip
-
     if not committed_dir or not os.path.isdir(committed_dir):
         return
     for p in range(num_parts):
         src = os.path.join(committed_dir, f"part-{p:05d}.jsonl.gz")
         dst = _part_path(out_dir, p)
         if os.path.exists(src) and not os.path.exists(dst):
-            with gzip.open(src, "rt", encoding="utf-8") as f:
-                write_jsonl(dst, [json.loads(line) for line in f if line.strip()])
+            write_jsonl(dst, read_jsonl(src))
             logger.info("part %d: taken from %s", p, src)
 
 
