@@ -1,0 +1,86 @@
+"""Batch-1 speed of draft-tree sizes against plain decoding, in one process, interleaved.
+
+    .venv/bin/python bench/tree_sizes.py [--trees 8/3/3 12/4/4 16/5/4] [--first 10 --questions 10]
+
+Which tree suits a head depends on how deep its drafts survive and on what a draft step and a
+wider verify cost on the machine, so the default tree (--num-draft-tokens / --draft-depth /
+--draft-top-k) is picked from this measurement. One engine per tree plus a plain one, all on the
+same model; each MT-bench first-turn question (T=0) goes through every engine, the order rotating
+from question to question so that drift in machine load spreads evenly. tau = tokens per target
+forward (bonus included), from the engine's per-request counters.
+Writes bench/results/tree-sizes-<date>-<machine>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import socket
+import time
+from pathlib import Path
+
+from bench.workloads import mt_bench_questions
+from eagle_core import LLM, EngineConfig, SamplingParams
+from eagle_core.config import SpecConfig
+
+
+def parse_tree(text: str) -> tuple[int, int, int]:
+    """"8/3/3" -> (num_draft_tokens, depth, top_k)."""
+    parts = text.split("/")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"tree {text!r}: expected TOKENS/DEPTH/TOPK, e.g. 8/3/3")
+    tokens, depth, top_k = map(int, parts)
+    return tokens, depth, top_k
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--draft", default="eagle_core/heads/smollm2-135m-eagle")
+    parser.add_argument("--trees", type=parse_tree, nargs="+", default=[(8, 3, 3), (12, 4, 4), (16, 5, 4)])
+    parser.add_argument("--first", type=int, default=10, help="index of the first MT-bench question")
+    parser.add_argument("--questions", type=int, default=10)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args()
+
+    engines = {"plain": LLM(args.model, dtype=args.dtype, draft=None)}
+    for tokens, depth, top_k in args.trees:
+        spec = SpecConfig(draft=args.draft, num_draft_tokens=tokens, depth=depth, top_k=top_k, max_batch=0)
+        engines[f"{tokens}/{depth}/{top_k}"] = LLM(args.model, dtype=args.dtype, config=EngineConfig(spec=spec))
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    for llm in engines.values():  # warm-up
+        llm.chat([[{"role": "user", "content": "Hello!"}]], SamplingParams(temperature=0, max_tokens=8))
+
+    questions = mt_bench_questions()[args.first : args.first + args.questions]
+    names = list(engines)
+    totals = {name: {"tokens": 0, "seconds": 0.0, "steps": 0, "emitted": 0} for name in names}
+    for q, question in enumerate(questions):
+        shift = q % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            out = engines[name].chat([[{"role": "user", "content": question.turns[0]}]], params)[0]
+            totals[name]["seconds"] += time.perf_counter() - start
+            totals[name]["tokens"] += len(out.token_ids)
+            totals[name]["steps"] += out.spec.num_steps
+            totals[name]["emitted"] += out.spec.num_emitted_tokens
+        print(f"{q + 1}/{len(questions)} " + ", ".join(
+            f"{n} {t['tokens'] / t['seconds']:.1f}" for n, t in totals.items()), flush=True)
+
+    plain_rate = totals["plain"]["tokens"] / totals["plain"]["seconds"]
+    rows = []
+    for name, t in totals.items():
+        rate = t["tokens"] / t["seconds"]
+        rows.append({"tree": name, "tok_s": rate, "speedup": rate / plain_rate,
+                     "tau": t["emitted"] / max(1, t["steps"]), **t})
+        print(f"{name:>10}: {rate:.1f} tok/s, {rate / plain_rate:.2f}x, tau {rows[-1]['tau']:.2f}")
+    out = Path(args.out) / f"tree-sizes-{datetime.date.today()}-{socket.gethostname()}.json"
+    settings = {**vars(args), "trees": ["/".join(map(str, t)) for t in args.trees]}
+    out.write_text(json.dumps({"settings": settings, "rows": rows}, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
