@@ -1,6 +1,6 @@
 """Batch-1 speed of draft-tree sizes against plain decoding, in one process, interleaved.
 
-    .venv/bin/python bench/tree_sizes.py [--trees 8/3/3 12/4/4 16/5/4] [--first 10 --questions 10]
+    .venv/bin/python -m bench.tree_sizes [--trees 8/3/3 12/4/4 16/5/4] [--first 10 --questions 10]
 
 Which tree suits a head depends on how deep its drafts survive and on what a draft step and a
 wider verify cost on the machine, so the default tree (--num-draft-tokens / --draft-depth /
@@ -8,7 +8,7 @@ wider verify cost on the machine, so the default tree (--num-draft-tokens / --dr
 same model; each MT-bench first-turn question (T=0) goes through every engine, the order rotating
 from question to question so that drift in machine load spreads evenly. tau = tokens per target
 forward (bonus included), from the engine's per-request counters.
-Writes bench/results/tree-sizes-<date>-<machine>.json.
+Writes bench/results/tree-sizes-<date>-<machine>-q<first question>-<last question>.json.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def main() -> None:
         rows.append({"tree": name, "tok_s": rate, "speedup": rate / plain_rate,
                      "tau": t["emitted"] / max(1, t["steps"]), **t})
         print(f"{name:>10}: {rate:.1f} tok/s, {rate / plain_rate:.2f}x, tau {rows[-1]['tau']:.2f}")
-    out = Path(args.out) / f"tree-sizes-{datetime.date.today()}-{socket.gethostname()}.json"
+    span = f"q{args.first + 1}-{args.first + len(questions)}"
+    out = Path(args.out) / f"tree-sizes-{datetime.date.today()}-{socket.gethostname()}-{span}.json"
     settings = {**vars(args), "trees": ["/".join(map(str, t)) for t in args.trees]}
     out.write_text(json.dumps({"settings": settings, "rows": rows}, indent=1) + "\n")
     print(f"wrote {out}")
