@@ -53,9 +53,10 @@ class SpecConfig:
     draft: str | None = AUTO_DRAFT
     """Path of an EAGLE draft head; "auto" uses the shipped head of the default model (plain
     decoding for other models); None disables speculation."""
-    # Sized for a CPU and the shipped head: 8/3/3 measured 1.24x at batch 1 against 1.09x for
-    # the 16/5/4 reference-style tree (eagle_core/heads/smollm2-135m-eagle/README.md). GPUs and
-    # stronger heads want larger trees (--num-draft-tokens, --draft-depth, --draft-top-k).
+    # Sized for a CPU and the shipped head: at batch 1 on MT-bench questions 8/3/3 measured
+    # 1.49-1.51x, within noise of 6/2/4 and 12/4/4 and ahead of 16/5/4 (1.36x), whose depth 4+
+    # is almost never reached (bench/tree_sizes.py; table in the head's README.md).
+    # GPUs and stronger heads want larger trees (--num-draft-tokens, --draft-depth, --draft-top-k).
     num_draft_tokens: int = 8
     """Tree size including the root (the last sampled token): tokens verified per sequence per step."""
     depth: int = 3
