@@ -65,8 +65,9 @@ class SpecConfig:
     """Children expanded per frontier node; 1 gives a chain."""
     max_batch: int = 2
     """Speculate only while at most this many sequences run (0: always). Past it, steps decode
-    plainly (counted as fallback "batch_size"). 2 fits the shipped head on a CPU: it measured
-    1.21x at 1 client, 1.02x at 2 and 0.90-0.95x at 4-8 (bench/results/2026-11-30-vm-quick.md)."""
+    plainly (counted as fallback "batch_size"). 2 fits the shipped head on a CPU: speculating, it
+    measured 1.34x / 1.29x at 1 / 2 requests and 0.91x / 0.75x at 4 / 16 in one process
+    (bench/results/engine-2026-11-30-vm.json)."""
 
 
 @dataclass(frozen=True)
