@@ -1,6 +1,6 @@
 """What deferred draft catch-up saves above --spec-max-batch, in one process, interleaved.
 
-    .venv/bin/python bench/deferred_catch_up.py [--concurrency 8 16] [--rounds 3] [--max-tokens 96]
+    .venv/bin/python -m bench.deferred_catch_up [--concurrency 8 16] [--rounds 3] [--max-tokens 96]
 
 Three engines on the same model: plain decoding; EAGLE with the default --spec-max-batch (2) and
 deferred catch-up (`drafter.DEFER_LIMIT`, 64); the same with DEFER_LIMIT = 0, which feeds every
@@ -13,13 +13,10 @@ Writes bench/results/deferred-catch-up-<date>-<machine>.json.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import socket
 import statistics
 import time
-from pathlib import Path
 
+from bench.environment import write_result
 from eagle_core import LLM, EngineConfig, SamplingParams
 from eagle_core.config import SpecConfig
 from eagle_core.spec import drafter
@@ -83,10 +80,9 @@ def main() -> None:
         print(f"c={c}: plain {med['plain']:.1f}, deferred {med['eagle_deferred']:.1f} "
               f"({rows[-1]['deferred_vs_plain']:.3f}x), every step {med['eagle_every_step']:.1f} "
               f"({rows[-1]['every_step_vs_plain']:.3f}x)")
-    machine = socket.gethostname()
-    out = Path(args.out) / f"deferred-catch-up-{datetime.date.today()}-{machine}.json"
-    out.write_text(json.dumps({"settings": vars(args), "spec_max_batch": spec.max_batch,
-                               "defer_limit": default_limit, "rows": rows}, indent=1) + "\n")
+    payload = {"settings": vars(args), "spec_max_batch": spec.max_batch, "defer_limit": default_limit,
+               "rows": rows}
+    out = write_result(args.out, "deferred-catch-up", payload)
     print(f"wrote {out}")
 
 

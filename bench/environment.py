@@ -37,6 +37,17 @@ def machine_name(name: str | None) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name or socket.gethostname()).strip("-") or "machine"
 
 
+def write_result(out_dir: str, stem: str, payload: dict, suffix: str = "") -> Path:
+    """Write an in-process benchmark's result to <out_dir>/<stem>-<date>-<machine><suffix>.json,
+    with the versions it ran with; returns the path."""
+    import datetime
+    import json
+
+    path = Path(out_dir) / f"{stem}-{datetime.date.today()}-{machine_name(None)}{suffix}.json"
+    path.write_text(json.dumps({"versions": versions(), **payload}, indent=1) + "\n")
+    return path
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

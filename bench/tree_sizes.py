@@ -14,12 +14,9 @@ Writes bench/results/tree-sizes-<date>-<machine>-q<first question>-<last questio
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import socket
 import time
-from pathlib import Path
 
+from bench.environment import write_result
 from bench.workloads import mt_bench_questions
 from eagle_core import LLM, EngineConfig, SamplingParams
 from eagle_core.config import SpecConfig
@@ -76,10 +73,9 @@ def main() -> None:
         rows.append({"tree": name, "tok_s": rate, "speedup": rate / plain_rate,
                      "tau": t["emitted"] / max(1, t["steps"]), **t})
         print(f"{name:>10}: {rate:.1f} tok/s, {rate / plain_rate:.2f}x, tau {rows[-1]['tau']:.2f}")
-    span = f"q{args.first + 1}-{args.first + len(questions)}"
-    out = Path(args.out) / f"tree-sizes-{datetime.date.today()}-{socket.gethostname()}-{span}.json"
     settings = {**vars(args), "trees": ["/".join(map(str, t)) for t in args.trees]}
-    out.write_text(json.dumps({"settings": settings, "rows": rows}, indent=1) + "\n")
+    span = f"-q{args.first + 1}-{args.first + len(questions)}"
+    out = write_result(args.out, "tree-sizes", {"settings": settings, "rows": rows}, suffix=span)
     print(f"wrote {out}")
 
 

@@ -38,16 +38,21 @@ def mtbench_first_turns() -> list[str]:
     return [row["turns"][0] for row in read_jsonl(path)]
 
 
-def fingerprint(head: str, settings: dict) -> str:
-    """Hash of the head's weights and the measurement settings. Why: heads are retrained into the
-    same directory (and eval dirs are named after it), and a cached figure of an older head or of
-    other settings must not be reported as this one's."""
+def weights_digest(head: str) -> str:
+    """sha256 of the head's weights file, read once per evaluation."""
     digest = hashlib.sha256()
     with open(os.path.join(head, "model.safetensors"), "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
-    digest.update(json.dumps(settings, sort_keys=True).encode())
-    return digest.hexdigest()[:16]
+    return digest.hexdigest()
+
+
+def fingerprint(weights: str, settings: dict) -> str:
+    """Hash of the head's weights digest and the measurement settings. Why: heads are retrained
+    into the same directory (and eval dirs are named after it), and a cached figure of an older
+    head or of other settings must not be reported as this one's."""
+    text = json.dumps({"weights": weights, **settings}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _cached(path: str, fp: str) -> dict | None:
@@ -136,6 +141,7 @@ def evaluate_head(cfg: TrainConfig, head: str, out_dir: str, sets: tuple[str, ..
     tree = {"num_draft_tokens": spec.num_draft_tokens, "depth": spec.depth, "top_k": spec.top_k}
     report: dict = {"head": head, "tree": tree, "results": {}}
     common = {"model": cfg.model, "dtype": cfg.dtype, "style": cfg.prompts.style, "tree": tree}
+    weights = weights_digest(head)
     llm = None
     for name in sets:
         if not prompts[name]:
@@ -143,7 +149,7 @@ def evaluate_head(cfg: TrainConfig, head: str, out_dir: str, sets: tuple[str, ..
         for temperature in ec.temperatures:
             key = f"{name}_T{temperature:g}"
             path = os.path.join(out_dir, f"{key}.json")
-            fp = fingerprint(head, {**common, "set": key, "prompts": len(prompts[name]),
+            fp = fingerprint(weights, {**common, "set": key, "prompts": len(prompts[name]),
                                     "max_tokens": ec.max_tokens, "seed": ec.seed})
             cached = _cached(path, fp)
             if cached is not None:
@@ -161,7 +167,7 @@ def evaluate_head(cfg: TrainConfig, head: str, out_dir: str, sets: tuple[str, ..
     del llm
     if do_speed and ec.speed_prompts:
         path = os.path.join(out_dir, "speed.json")
-        fp = fingerprint(head, {**common, "set": "speed", "prompts": ec.speed_prompts,
+        fp = fingerprint(weights, {**common, "set": "speed", "prompts": ec.speed_prompts,
                                 "max_tokens": ec.speed_max_tokens})
         result = _cached(path, fp)
         if result is None:
