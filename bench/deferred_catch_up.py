@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.deferred_catch_up [--concurrency 8 16] [--rounds 3] [--max-tokens 96]
 
 Three engines on the same model: plain decoding; EAGLE with the default --spec-max-batch (2) and
-deferred catch-up (`drafter.DEFER_LIMIT`, 64); the same with DEFER_LIMIT = 0, which feeds every
+deferred catch-up (`SpecConfig.defer_limit`, 64); the same with defer_limit = 0, which feeds every
 owed entry at every step (the behaviour before deferral). At concurrency above 2 the EAGLE engines
 decode plainly, so any gap to the plain engine is the cost of keeping the head ready. EOS is
 ignored so every request decodes --max-tokens tokens. Rounds alternate the engines' order.
@@ -13,13 +13,13 @@ Writes bench/results/deferred-catch-up-<date>-<machine>.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
 from bench.environment import write_result
 from eagle_core import LLM, EngineConfig, SamplingParams
 from eagle_core.config import SpecConfig
-from eagle_core.spec import drafter
 
 PROMPTS = [
     "Explain how a refrigerator works.",
@@ -44,32 +44,28 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
 
-    default_limit = drafter.DEFER_LIMIT
-    spec = EngineConfig().spec  # the server's defaults, --spec-max-batch included
+    spec = SpecConfig(draft=args.draft)  # the server's defaults, --spec-max-batch included
     engines = {
-        "plain": (LLM(args.model, dtype=args.dtype, draft=None), None),
-        "eagle_deferred": (LLM(args.model, dtype=args.dtype, config=EngineConfig(spec=SpecConfig(
-            draft=args.draft, max_batch=spec.max_batch))), default_limit),
-        "eagle_every_step": (LLM(args.model, dtype=args.dtype, config=EngineConfig(spec=SpecConfig(
-            draft=args.draft, max_batch=spec.max_batch))), 0),
+        "plain": LLM(args.model, dtype=args.dtype, draft=None),
+        "eagle_deferred": LLM(args.model, dtype=args.dtype, config=EngineConfig(spec=spec)),
+        "eagle_every_step": LLM(args.model, dtype=args.dtype, config=EngineConfig(
+            spec=dataclasses.replace(spec, defer_limit=0))),
     }
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     rates: dict[int, dict[str, list[float]]] = {c: {name: [] for name in engines} for c in args.concurrency}
-    for llm, _ in engines.values():  # warm-up
+    for llm in engines.values():  # warm-up
         llm.chat([[{"role": "user", "content": PROMPTS[0]}]], params)
     for r in range(args.rounds):
         order = list(engines) if r % 2 == 0 else list(reversed(engines))
         for c in args.concurrency:
             convs = [[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}] for i in range(c)]
             for name in order:
-                llm, limit = engines[name]
-                drafter.DEFER_LIMIT = default_limit if limit is None else limit
+                llm = engines[name]
                 start = time.perf_counter()
                 outs = llm.chat(convs, params)
                 seconds = time.perf_counter() - start
                 rates[c][name].append(sum(len(o.token_ids) for o in outs) / seconds)
                 print(f"round {r} c={c} {name}: {rates[c][name][-1]:.1f} tok/s", flush=True)
-    drafter.DEFER_LIMIT = default_limit
 
     rows = []
     for c, by_name in rates.items():
@@ -80,7 +76,7 @@ def main() -> None:
         print(f"c={c}: plain {med['plain']:.1f}, deferred {med['eagle_deferred']:.1f} "
               f"({rows[-1]['deferred_vs_plain']:.3f}x), every step {med['eagle_every_step']:.1f} "
               f"({rows[-1]['every_step_vs_plain']:.3f}x)")
-    payload = {"settings": vars(args), "spec_max_batch": spec.max_batch, "defer_limit": default_limit,
+    payload = {"settings": vars(args), "spec_max_batch": spec.max_batch, "defer_limit": spec.defer_limit,
                "rows": rows}
     out = write_result(args.out, "deferred-catch-up", payload)
     print(f"wrote {out}")

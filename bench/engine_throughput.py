@@ -1,7 +1,7 @@
 """Offline engine throughput: eagle-serve's engine at 1, 4 and 16 concurrent requests next to
 transformers' generate() on the same prompts (batch 1).
 
-    .venv/bin/python bench/engine_throughput.py [--dtype bfloat16] [--max-tokens 64] [--draft DIR]
+    .venv/bin/python -m bench.engine_throughput [--dtype bfloat16] [--max-tokens 64] [--draft DIR]
 
 Every request generates exactly --max-tokens tokens (EOS ignored) so all rows do equal work.
 Results: a table on stdout and bench/results/engine-<date>-<host>.json.
@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
-import socket
 import time
 from pathlib import Path
 
 import torch
 import transformers
 
+from bench.environment import machine_info, write_result
 from eagle_core import LLM, SamplingParams
 from eagle_core.config import EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
 
@@ -150,21 +149,17 @@ def main() -> None:
         "engine_c1_vs_hf": round(base / rows["hf generate c=1"]["tokens_per_s"], 2),
         **{f"engine_c{c}_vs_c1": round(rows[f"engine c={c}"]["tokens_per_s"] / base, 2) for c in args.concurrency},
     }
-    result = {
+    payload = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "machine": {"host": socket.gethostname(), "cpu_count": torch.get_num_threads(), "platform": platform.platform()},
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "machine": machine_info(None),
+        "threads": torch.get_num_threads(),
         "settings": vars(args),
         "rows": rows,
         "summary": summary,
     }
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
     suffix = f"-{Path(args.prompts).stem}" if args.prompts else ""
-    path = out_dir / f"engine-{datetime.date.today()}-{socket.gethostname()}{suffix}.json"
-    path.write_text(json.dumps(result, indent=2))
+    path = write_result(args.out, "engine", payload, suffix)
     print(json.dumps(summary), f"\nwritten to {path}")
-
 
 if __name__ == "__main__":
     main()

@@ -43,6 +43,7 @@ def write_result(out_dir: str, stem: str, payload: dict, suffix: str = "") -> Pa
     import datetime
     import json
 
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
     path = Path(out_dir) / f"{stem}-{datetime.date.today()}-{machine_name(None)}{suffix}.json"
     path.write_text(json.dumps({"versions": versions(), **payload}, indent=1) + "\n")
     return path

@@ -68,6 +68,10 @@ class SpecConfig:
     plainly (counted as fallback "batch_size"). 2 fits the shipped head on a CPU: speculating, it
     measured 1.34x / 1.29x at 1 / 2 requests and 0.91x / 0.75x at 4 / 16 in one process
     (bench/results/engine-2026-11-30-vm.json)."""
+    defer_limit: int = 64
+    """Owed draft entries per sequence past which a step's draft catch-up feeds every sequence,
+    drafting or not (see Drafter.catch_up); 0 feeds every owed entry at every step. Bounds the
+    target features held for sequences that decode plainly (`python -m bench.deferred_catch_up`)."""
 
 
 @dataclass(frozen=True)

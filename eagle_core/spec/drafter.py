@@ -46,10 +46,6 @@ class DraftState:
         return 0 if self.pending is None else self.pending.shape[0]
 
 
-DEFER_LIMIT = 64
-"""Owed draft entries (per sequence) past which catch-up feeds every sequence; see catch_up."""
-
-
 class Drafter:
     def __init__(
         self,
@@ -105,9 +101,9 @@ class Drafter:
         --spec-max-batch, prefill chunks) keep their features owed: one packed forward over many
         owed entries costs about what a forward over one entry per sequence costs, so catching
         every sequence up at every step would tax plain decoding for nothing. They are all fed
-        together once any sequence owes DEFER_LIMIT entries, which bounds the held features."""
+        together once any sequence owes spec.defer_limit entries, which bounds the held features."""
         states = [self.state(work) for work in works]
-        flush = any(state.num_pending >= DEFER_LIMIT for state in states)
+        flush = any(state.num_pending >= self.spec.defer_limit for state in states)
         seqs, features, owners = [], [], []
         for work, state in zip(works, states):
             if state.num_pending == 0 or (work.num_draft_slots == 0 and not flush):

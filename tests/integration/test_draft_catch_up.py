@@ -2,12 +2,13 @@
 feeding them later, in one packed forward, gives the draft head the same state as feeding them
 step by step."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from eagle_core import SamplingParams
 from eagle_core.batch import SeqWork
-from eagle_core.spec import drafter as drafter_module
 from tests.engine_helpers import make_engine
 from tests.spec_helpers import random_head_dir
 
@@ -68,7 +69,7 @@ def test_deferred_catch_up_equals_step_by_step(drafter):
 
 
 def test_any_sequence_owing_the_limit_flushes_every_sequence(drafter, monkeypatch):
-    monkeypatch.setattr(drafter_module, "DEFER_LIMIT", 5)
+    monkeypatch.setattr(drafter, "spec", dataclasses.replace(drafter.spec, defer_limit=5))
     feature = drafter.head.feature_size
     tokens = list(range(10, 30))
     fed: list[set[str]] = []
