@@ -27,7 +27,7 @@ def markdown(results: dict) -> str:
         f" draft `{s['draft']}`; tree {s['tree']['num_draft_tokens']} tokens, depth {s['tree']['depth']},"
         f" top-k {s['tree']['top_k']}" + (f" (EAGLE server flags: `{s['spec_args']}`)" if s.get("spec_args") else ""),
         f"- max_tokens {s['max_tokens']}" + (" (EOS ignored)" if s.get("ignore_eos") else ", stopping at EOS")
-        + f"; MT-bench {s['mt_bench_questions']} questions x 2 turns, HumanEval {s['humaneval_problems']} problems;"
+        + f"; MT-bench {s['mt_bench_questions']} questions x {s.get('mt_bench_turns', 2)} turn(s), HumanEval {s['humaneval_problems']} problems;"
         f" commit {results['versions'].get('git_commit')}",
         f"- wall time {_f(timing.get('wall_time_s', 0) / 60, 1)} min (servers up {_f(timing.get('startup_s'), 0)} s,"
         f" batch 1 {_f(timing.get('batch1_s', 0) / 60, 1)} min, sweep {_f(timing.get('sweep_s', 0) / 60, 1)} min)",

@@ -96,6 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--requests-per-client", type=int, default=None,
                    help=f"requests per sweep point = concurrency x this (full {FULL['requests_per_client']})")
     p.add_argument("--mt-bench-questions", type=int, default=None, help="first N MT-bench questions (full: all 80)")
+    p.add_argument("--mt-bench-turns", type=int, choices=(1, 2), default=2,
+                   help="batch-1 MT-bench turns per question (1: first turns only, half the time; default 2)")
     p.add_argument("--humaneval-problems", type=int, default=None, help="first N HumanEval problems (full: all 164)")
     p.add_argument("--reference-prompts", type=int, default=None,
                    help=f"batch-1 prompts also run through HF generate / llama.cpp (full {FULL['reference_prompts']}; 0: none)")
@@ -218,7 +220,8 @@ class Bench:
 
     async def batch1(self, questions, code, reference_ids: set[str]) -> None:
         self._batch1_start = time.perf_counter()
-        total = (2 * len(questions) + len(code)) * len(self.args.temperatures)
+        turns = self.args.mt_bench_turns
+        total = (turns * len(questions) + len(code)) * len(self.args.temperatures)
         done = 0
         for temperature in self.args.temperatures:
             seed_of = (lambda i: self.args.seed + i) if temperature > 0 else (lambda i: None)
@@ -228,6 +231,9 @@ class Bench:
                 phase = {"phase": "batch1", "workload": "mt_bench_turn1", "temperature": temperature, "concurrency": 1}
                 got = await self.pair(phase, q.id + "/turn1", turn1, seed_of(2 * i), q.id + "/turn1" in reference_ids)
                 done += 1
+                if turns == 1:
+                    self.progress(f"batch 1, T={temperature:g}", done, total)
+                    continue
                 if got[BASE] is None:
                     self.errors.append(f"{q.id}/turn2 T={temperature}: skipped (no turn-1 answer)")
                     done += 1
@@ -312,7 +318,7 @@ async def run(args: argparse.Namespace) -> dict:
     versions = environment.versions()
     questions = workloads.mt_bench_questions(args.mt_bench_questions)
     code = workloads.humaneval_prompts(args.humaneval_problems)
-    batch1_ids = [f"{q.id}/turn{t}" for q in questions for t in (1, 2)] + [c.id for c in code]
+    batch1_ids = [f"{q.id}/turn{t}" for q in questions for t in range(1, args.mt_bench_turns + 1)] + [c.id for c in code]
     reference_ids = reference_subset(batch1_ids, args.reference_prompts) if 0.0 in args.temperatures else set()
 
     common = ["--model", args.model, "--dtype", args.dtype, "--device", args.device,
