@@ -53,9 +53,9 @@ class SpecConfig:
     draft: str | None = AUTO_DRAFT
     """Path of an EAGLE draft head; "auto" uses the shipped head of the default model (plain
     decoding for other models); None disables speculation."""
-    # Sized for a CPU and the shipped head: at batch 1 on MT-bench questions 8/3/3 measured
-    # 1.49-1.51x, within noise of 6/2/4 and 12/4/4 and ahead of 16/5/4 (1.36x), whose depth 4+
-    # is almost never reached (python -m bench.tree_sizes; table in the head's README.md).
+    # Sized for a CPU and the project's second SmolLM2 head (not rerun for the third, whose MT-bench
+    # acceptance is the same): at batch 1 on MT-bench questions 8/3/3 measured 1.49-1.51x, within
+    # noise of 6/2/4 and 12/4/4 and ahead of 16/5/4 (1.36x), whose depth 4+ is almost never reached (python -m bench.tree_sizes; table in the head's README.md).
     # GPUs and stronger heads want larger trees (--num-draft-tokens, --draft-depth, --draft-top-k).
     num_draft_tokens: int = 8
     """Tree size including the root (the last sampled token): tokens verified per sequence per step."""
@@ -65,8 +65,8 @@ class SpecConfig:
     """Children expanded per frontier node; 1 gives a chain."""
     max_batch: int = 2
     """Speculate only while at most this many sequences run (0: always). Past it, steps decode
-    plainly (counted as fallback "batch_size"). 2 fits the shipped head on a CPU: speculating, it
-    measured 1.34x / 1.29x at 1 / 2 requests and 0.91x / 0.75x at 4 / 16 in one process
+    plainly (counted as fallback "batch_size"). 2 fits the project's SmolLM2 heads on a CPU:
+    speculating, the second measured 1.34x / 1.29x at 1 / 2 requests and 0.91x / 0.75x at 4 / 16 in one process
     (bench/results/engine-2026-11-30-vm.json)."""
     defer_limit: int = 64
     """Owed draft entries per sequence past which a step's draft catch-up feeds every sequence,
