@@ -55,7 +55,8 @@ class SpecConfig:
     decoding for other models); None disables speculation."""
     # Sized for a CPU and the project's second SmolLM2 head (not rerun for the third, whose MT-bench
     # acceptance is the same): at batch 1 on MT-bench questions 8/3/3 measured 1.49-1.51x, within
-    # noise of 6/2/4 and 12/4/4 and ahead of 16/5/4 (1.36x), whose depth 4+ is almost never reached (python -m bench.tree_sizes; table in the head's README.md).
+    # noise of 6/2/4 and 12/4/4 and ahead of 16/5/4 (1.36x), whose depth 4+ is almost never reached
+    # (python -m bench.tree_sizes; table in the head's README.md).
     # GPUs and stronger heads want larger trees (--num-draft-tokens, --draft-depth, --draft-top-k).
     num_draft_tokens: int = 8
     """Tree size including the root (the last sampled token): tokens verified per sequence per step."""
