@@ -161,5 +161,6 @@ def main() -> None:
     path = write_result(args.out, "engine", payload, suffix)
     print(json.dumps(summary), f"\nwritten to {path}")
 
+
 if __name__ == "__main__":
     main()
