@@ -55,7 +55,7 @@ clean:
 	rm -rf $(VENV) .pytest_cache
 
 # Retrain the shipped EAGLE head of the default model (docs/training.md): resumes finished
-# stages; with the committed responses about 65-70 min on an idle 2-core CPU (mostly training).
+# stages; with the committed responses about 70 min on an idle 2-core CPU (mostly training).
 train-draft: install
 	$(PY) -m eagle_core.train configs/train/smollm2.yaml --set trainer.output=.cache/train/smollm2/head-final
 	cp .cache/train/smollm2/head-final/config.json .cache/train/smollm2/head-final/model.safetensors \

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import platform
 import re
@@ -40,9 +42,6 @@ def machine_name(name: str | None) -> str:
 def write_result(out_dir: str, stem: str, payload: dict, suffix: str = "") -> Path:
     """Write an in-process benchmark's result to <out_dir>/<stem>-<date>-<machine><suffix>.json,
     with the versions it ran with; returns the path."""
-    import datetime
-    import json
-
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     path = Path(out_dir) / f"{stem}-{datetime.date.today()}-{machine_name(None)}{suffix}.json"
     path.write_text(json.dumps({"versions": versions(), **payload}, indent=1) + "\n")

@@ -231,17 +231,14 @@ class Bench:
                 phase = {"phase": "batch1", "workload": "mt_bench_turn1", "temperature": temperature, "concurrency": 1}
                 got = await self.pair(phase, q.id + "/turn1", turn1, seed_of(2 * i), q.id + "/turn1" in reference_ids)
                 done += 1
-                if turns == 1:
-                    self.progress(f"batch 1, T={temperature:g}", done, total)
-                    continue
-                if got[BASE] is None:
-                    self.errors.append(f"{q.id}/turn2 T={temperature}: skipped (no turn-1 answer)")
+                if turns == 2:
+                    if got[BASE] is None:
+                        self.errors.append(f"{q.id}/turn2 T={temperature}: skipped (no turn-1 answer)")
+                    else:
+                        turn2 = workloads.second_turn(q, got[BASE].text)
+                        phase = {**phase, "workload": "mt_bench_turn2"}
+                        await self.pair(phase, q.id + "/turn2", turn2, seed_of(2 * i + 1), q.id + "/turn2" in reference_ids)
                     done += 1
-                    continue
-                turn2 = workloads.second_turn(q, got[BASE].text)
-                phase = {**phase, "workload": "mt_bench_turn2"}
-                await self.pair(phase, q.id + "/turn2", turn2, seed_of(2 * i + 1), q.id + "/turn2" in reference_ids)
-                done += 1
                 self.progress(f"batch 1, T={temperature:g}", done, total)
             await self.measure_acceptance(f"mt_bench T={temperature:g}", before)
             before = await self.metrics_counters()

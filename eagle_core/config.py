@@ -67,8 +67,8 @@ class SpecConfig:
     max_batch: int = 2
     """Speculate only while at most this many sequences run (0: always). Past it, steps decode
     plainly (counted as fallback "batch_size"). 2 fits the project's SmolLM2 heads on a CPU:
-    speculating, the second measured 1.34x / 1.29x at 1 / 2 requests and 0.91x / 0.75x at 4 / 16 in one process
-    (bench/results/engine-2026-11-30-vm.json)."""
+    speculating, the second measured 1.34x / 1.29x at 1 / 2 requests and 0.91x / 0.75x at 4 / 16
+    in one process (bench/results/engine-2026-11-30-vm.json)."""
     defer_limit: int = 64
     """Owed draft entries per sequence past which a step's draft catch-up feeds every sequence,
     drafting or not (see Drafter.catch_up); 0 feeds every owed entry at every step. Bounds the
