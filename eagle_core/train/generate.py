@@ -25,13 +25,41 @@ def prompts_path(cfg: TrainConfig) -> str:
 
 
 def run_prompts(cfg: TrainConfig) -> list[dict]:
-    """Write (once) and return all prompts; the last num_heldout are the held-out set."""
+    """Write (once) and return all prompts; the last num_heldout are the held-out set.
+
+    A committed copy (`<generate.committed_dir>/<prompt file name>.gz`) is used when present:
+    "self" prompts are sampled from the model, which takes minutes."""
     path = prompts_path(cfg)
+    committed = os.path.join(cfg.generate.committed_dir or "", os.path.basename(path) + ".gz")
+    if not os.path.exists(path) and cfg.generate.committed_dir and os.path.exists(committed):
+        write_jsonl(path, read_jsonl(committed))
+        logger.info("prompts: taken from %s", committed)
     if not os.path.exists(path):
-        write_jsonl(path, make_prompts(cfg.prompts.num_prompts, cfg.prompts.seed, cfg.prompts.style))
+        write_jsonl(path, _make_prompts(cfg))
     rows = read_jsonl(path)
     logger.info("prompts: %d (%d held out)", len(rows), cfg.prompts.num_heldout)
     return rows
+
+
+def _make_prompts(cfg: TrainConfig) -> list[dict]:
+    pc = cfg.prompts
+    if pc.style != "self":
+        return make_prompts(pc.num_prompts, pc.seed, pc.style)
+    from eagle_core import LLM
+    from eagle_core.train.evaluate import mtbench_turns
+    from eagle_core.train.self_prompts import make_self_prompts
+
+    llm = LLM(model=cfg.model, dtype=cfg.dtype, config=_generation_config(cfg), draft=None)
+    return make_self_prompts(
+        llm, pc.num_prompts, pc.seed, pc.self_temperature, pc.self_max_tokens, avoid=mtbench_turns()
+    )
+
+
+def _generation_config(cfg: TrainConfig):
+    from eagle_core import EngineConfig, SchedulerConfig
+
+    n = cfg.generate.max_num_seqs
+    return EngineConfig(scheduler=SchedulerConfig(max_num_seqs=n, max_num_batched_tokens=max(512, 4 * n)))
 
 
 def split_prompts(cfg: TrainConfig, rows: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -52,7 +80,7 @@ def responses_dir(cfg: TrainConfig) -> str:
 
 
 def run_generate(cfg: TrainConfig) -> None:
-    from eagle_core import LLM, EngineConfig, SamplingParams, SchedulerConfig
+    from eagle_core import LLM, SamplingParams
 
     gen = cfg.generate
     train, _ = split_prompts(cfg, run_prompts(cfg))
@@ -60,18 +88,13 @@ def run_generate(cfg: TrainConfig) -> None:
         train = train[: gen.max_prompts]
     parts = [train[i : i + gen.part_size] for i in range(0, len(train), gen.part_size)]
     out_dir = responses_dir(cfg)
-    _unpack_committed(gen.committed_dir, out_dir, len(parts))
-    todo = [p for p in range(len(parts)) if not os.path.exists(_part_path(out_dir, p))]
+    _unpack_committed(gen.committed_dir, out_dir, gen.first_part + len(parts))
+    todo = [p for p in range(len(parts)) if not os.path.exists(_part_path(out_dir, gen.first_part + p))]
     logger.info("generate: %d parts of %d prompts, %d to do", len(parts), gen.part_size, len(todo))
     if not todo:
         return
-    config = EngineConfig(
-        scheduler=SchedulerConfig(
-            max_num_seqs=gen.max_num_seqs, max_num_batched_tokens=max(512, 4 * gen.max_num_seqs)
-        )
-    )
     # Plain decoding: the target alone writes the data (a draft head would only cost time here).
-    llm = LLM(model=cfg.model, dtype=cfg.dtype, config=config, draft=None)
+    llm = LLM(model=cfg.model, dtype=cfg.dtype, config=_generation_config(cfg), draft=None)
     for p in todo:
         temperature = gen.temperatures[p % len(gen.temperatures)]
         params = SamplingParams(temperature=temperature, max_tokens=gen.max_tokens, seed=p)
@@ -90,11 +113,12 @@ def run_generate(cfg: TrainConfig) -> None:
             }
             for row, out in zip(parts[p], outs)
         ]
-        write_jsonl(_part_path(out_dir, p), rows)
+        write_jsonl(_part_path(out_dir, gen.first_part + p), rows)
         num_tokens = sum(r["num_tokens"] for r in rows)
         elapsed = time.time() - start
         logger.info(
-            "part %d: %d tokens in %.0f s (%.1f tok/s)", p, num_tokens, elapsed, num_tokens / elapsed
+            "part %d: %d tokens in %.0f s (%.1f tok/s)",
+            gen.first_part + p, num_tokens, elapsed, num_tokens / elapsed,
         )
 
 
@@ -106,7 +130,9 @@ def load_responses(cfg: TrainConfig) -> list[dict]:
 
 
 def _unpack_committed(committed_dir: str | None, out_dir: str, num_parts: int) -> None:
-    """Copy committed parts (gzipped JSONL) into the work dir, so they are not generated again."""
+    """Copy committed parts 0..num_parts-1 (gzipped JSONL) into the work dir, so they are not
+    generated again. Lower part numbers may hold other prompt styles' answers (see
+    generate.first_part); they are trained on too."""
     if not committed_dir or not os.path.isdir(committed_dir):
         return
     for p in range(num_parts):

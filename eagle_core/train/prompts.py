@@ -194,10 +194,16 @@ CATEGORIES = {
 }
 
 
-STYLES = ("basic", "rich")
-ID_BASE = {"basic": 0, "rich": 100_000}
+STYLES = ("basic", "rich", "self")
+ID_BASE = {"basic": 0, "rich": 100_000, "self": 200_000}
 """Prompt ids are unique across styles: training features are keyed by the response's prompt id,
-and one work dir can hold responses to both styles."""
+and one work dir holds responses to every style. ("self" prompts are written by the model:
+self_prompts.py.)"""
+
+
+def prompt_style(prompt_id: int) -> str:
+    """The style a prompt id belongs to (ids of a style start at its ID_BASE)."""
+    return max((base, style) for style, base in ID_BASE.items() if prompt_id >= base)[1]
 
 
 def make_prompts(num_prompts: int, seed: int = 0, style: str = "basic") -> list[dict]:
@@ -210,7 +216,7 @@ def make_prompts(num_prompts: int, seed: int = 0, style: str = "basic") -> list[
     elif style == "rich":
         from eagle_core.train.rich_prompts import CATEGORIES as categories
     else:
-        raise ValueError(f"prompt style {style!r}: expected one of {STYLES}")
+        raise ValueError(f"prompt style {style!r}: expected basic or rich (self: self_prompts.py)")
     r = random.Random(seed)
     names = list(categories)
     seen: set[str] = set()

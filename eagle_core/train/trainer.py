@@ -35,6 +35,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from eagle_core.spec.draft_head import Eagle3Head, draft_config_from_target, save_draft_head
 from eagle_core.train.config import TrainConfig, TrainerConfig
 from eagle_core.train.features import load_target, shard_paths
+from eagle_core.train.prompts import prompt_style
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,12 @@ def load_sequences(paths: list[str], max_tokens: int | None = None, seed: int = 
     return seqs
 
 
+def _style_of(key: str) -> str | None:
+    """Prompt style of a self-distilled sequence ("resp:<prompt id>"); None for fixed text."""
+    kind, _, ident = key.partition(":")
+    return prompt_style(int(ident)) if kind == "resp" else None
+
+
 def split_validation(seqs: list[Sequence], every: int = 20) -> tuple[list[Sequence], list[Sequence]]:
     """About 1/every of the sequences (by a hash of their key) are held out for validation."""
     val = [s for s in seqs if zlib.crc32(s.key.encode()) % every == 0]
@@ -80,14 +87,25 @@ def split_validation(seqs: list[Sequence], every: int = 20) -> tuple[list[Sequen
     return train, val
 
 
-def choose_draft_vocab(seqs: list[Sequence], vocab_size: int, draft_vocab: int) -> tuple[torch.Tensor, float]:
-    """The draft_vocab most frequent target top-1 tokens (sorted ids) and their coverage."""
+def _top1_counts(seqs: list[Sequence], vocab_size: int) -> torch.Tensor:
+    """[vocab] weighted count of each token as the target's top-1 prediction."""
     counts = torch.zeros(vocab_size, dtype=torch.float64)
     for s in seqs:
         counts.index_add_(0, s.tensors["topk_ids"][:, 0].long(), s.tensors["weights"].double())
+    return counts
+
+
+def choose_draft_vocab(seqs: list[Sequence], vocab_size: int, draft_vocab: int) -> tuple[torch.Tensor, float]:
+    """The draft_vocab most frequent target top-1 tokens (sorted ids) and their coverage."""
+    counts = _top1_counts(seqs, vocab_size)
     top = counts.topk(min(draft_vocab, vocab_size)).indices.sort().values
-    coverage = float(counts[top].sum() / counts.sum().clamp_min(1e-9))
-    return top, coverage
+    return top, float(counts[top].sum() / counts.sum().clamp_min(1e-9))
+
+
+def vocab_coverage(seqs: list[Sequence], vocab_size: int, draft_ids: torch.Tensor) -> float:
+    """Fraction of the target's (weighted) top-1 predictions that fall in draft_ids."""
+    counts = _top1_counts(seqs, vocab_size)
+    return float(counts[draft_ids].sum() / counts.sum().clamp_min(1e-9))
 
 
 def make_batches(seqs: list[Sequence], batch_tokens: int, max_len: int, rng: random.Random):
@@ -227,6 +245,17 @@ def build_head(target_model, tc: TrainerConfig, draft_ids: torch.Tensor) -> Eagl
     return head.float()
 
 
+def load_head_for_training(target_model, path: str) -> Eagle3Head:
+    """Warm start (`trainer.init_from`): an earlier head, validated against the target, in float32."""
+    from eagle_core.spec.draft_head import load_draft_head
+
+    head = load_draft_head(path, target_model.config, target_model.get_input_embeddings(),
+                           target_model.get_output_embeddings(), torch.float32, "cpu")
+    if not isinstance(head, Eagle3Head):
+        raise ValueError(f"trainer.init_from {path}: an EAGLE-3 head is needed, found {head.kind}")
+    return head.train()
+
+
 def evaluate_accuracy(head, seqs, tc: TrainerConfig, t2d) -> list[float]:
     """Top-1 accuracy per unrolled step on validation sequences."""
     hits = [0.0] * tc.ttt_steps
@@ -253,16 +282,27 @@ def train_head(target_model, shard_files: list[str], tc: TrainerConfig, out_dir:
     if exclude:
         log(f"excluding {sum(s.key in exclude for s in seqs)} sequences (trainer.exclude_sources)")
         seqs = [s for s in seqs if s.key not in exclude]
+    if tc.prompt_styles is not None:
+        kept = [s for s in seqs if _style_of(s.key) in (None, *tc.prompt_styles)]
+        log(f"prompt styles {list(tc.prompt_styles)}: {len(kept)} of {len(seqs)} sequences")
+        seqs = kept
     train, val = split_validation(seqs)
     unique_tokens = sum(len(s) for s in train)
     if tc.response_repeat > 1:
         train = train + [s for s in train if s.key.startswith("resp:")] * (tc.response_repeat - 1)
     vocab_size = target_model.config.vocab_size
-    draft_ids, coverage = choose_draft_vocab(train, vocab_size, tc.draft_vocab_size)
+    if tc.init_from:
+        # the warm-started head keeps its draft vocabulary: its LM head rows are tied to it
+        head = load_head_for_training(target_model, tc.init_from)
+        draft_ids = head.draft_to_target(torch.arange(head.vocab_size))
+        coverage = vocab_coverage(train, vocab_size, draft_ids)
+        log(f"warm start from {tc.init_from}")
+    else:
+        draft_ids, coverage = choose_draft_vocab(train, vocab_size, tc.draft_vocab_size)
+        head = build_head(target_model, tc, draft_ids)
     num_train_tokens = sum(len(s) for s in train)
     log(f"train: {len(train)} sequences / {num_train_tokens} tokens, val {len(val)}; "
         f"draft vocab {len(draft_ids)} covers {coverage:.1%} of target top-1")
-    head = build_head(target_model, tc, draft_ids)
     t2d = torch.full((vocab_size,), -1, dtype=torch.long)
     t2d[draft_ids] = torch.arange(len(draft_ids))
     params = [p for p in head.parameters() if p.requires_grad]
@@ -337,6 +377,7 @@ def train_head(target_model, shard_files: list[str], tc: TrainerConfig, out_dir:
         "val_sequences": len(val), "draft_vocab_size": len(draft_ids),
         "draft_vocab_coverage": coverage, "val_top1_accuracy_by_step": val_acc,
         "train_wall_s": wall, "lr": tc.lr, "batch_tokens": tc.batch_tokens,
+        "init_from": tc.init_from, "prompt_styles": tc.prompt_styles,
     }
     _publish_head(head, out_dir, summary)
     log(f"saved head to {out_dir}")

@@ -112,3 +112,18 @@ def test_text_prompt_and_chat_template(engine):
     assert ids and isinstance(ids[0], int)
     done = run(engine, {"t": ("hello world", SamplingParams(temperature=0, max_tokens=5)), "c": (ids, SamplingParams(temperature=0, max_tokens=5))})
     assert all(entry["reason"] in ("stop", "length") for entry in done.values())
+
+
+def test_offline_llm_takes_one_sampling_params_per_prompt(tiny_llama_dir):
+    from eagle_core import LLM
+
+    llm = LLM(model=str(tiny_llama_dir), dtype="float32", draft=None)
+    prompt = random_prompts(7, [10], TINY_VOCAB_SIZE)[0]
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=12, ignore_eos=True) for s in (1, 2, 1)]
+    outs = llm.generate([prompt] * 3, params)
+    alone = [llm.generate([prompt], p)[0].token_ids for p in params]
+    assert [o.token_ids for o in outs] == alone
+    assert outs[0].token_ids == outs[2].token_ids != outs[1].token_ids
+    assert [len(o.token_ids) for o in llm.generate([prompt] * 2, [params[0], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)])] == [12, 3]
+    with pytest.raises(ValueError, match="2 SamplingParams for 3 prompts"):
+        llm.generate([prompt] * 3, params[:2])

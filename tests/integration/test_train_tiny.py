@@ -6,11 +6,13 @@ EAGLE-3 head must lower its loss and beat a random head's acceptance length in t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from eagle_core import LLM, EngineConfig, SamplingParams, SpecConfig
@@ -129,3 +131,24 @@ def test_training_lowers_loss_and_beats_a_random_head(tiny4_dir, tmp_path):
     tau_random = mean_tau(tiny4_dir, tmp_path / "random", prompts)
     print(f"tau trained {tau_trained:.2f} random {tau_random:.2f}")
     assert tau_trained > tau_random + 0.3, (tau_trained, tau_random)
+
+    # Warm start (trainer.init_from): a run continued from the trained head starts at its loss,
+    # not at a fresh head's, and keeps its draft vocabulary.
+    warm_losses: list[float] = []
+
+    def recording_warm_loss(*args, **kwargs):
+        loss, stats = original(*args, **kwargs)
+        warm_losses.append(stats[0][0])
+        return loss, stats
+
+    warm_cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(
+        cfg.trainer, init_from=str(trained), output=str(tmp_path / "warm"), epochs=0.5))
+    trainer_module.ttt_loss = recording_warm_loss
+    try:
+        warm_summary = trainer_module.run_train(warm_cfg)
+    finally:
+        trainer_module.ttt_loss = original
+    assert warm_summary["init_from"] == str(trained)
+    assert len(warm_losses) >= 3 and max(warm_losses[:3]) < 0.5 * first, (warm_losses[:3], first)
+    d2t = lambda path: load_file(str(path / "model.safetensors"))["d2t"]  # noqa: E731
+    assert torch.equal(d2t(tmp_path / "warm"), d2t(trained))
