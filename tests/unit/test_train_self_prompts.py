@@ -36,7 +36,7 @@ class _FakeEngine:
 
 
 class ScriptedLLM:
-    """Answers request i (by its seed) with script[i % len(script)]; records the seeds."""
+    """Answers the i-th request it is sent with script[i % len(script)]; records prompts and seeds."""
 
     def __init__(self, script: list[tuple[str, str, int]]):
         self.engine = _FakeEngine()
