@@ -30,10 +30,11 @@ def run_prompts(cfg: TrainConfig) -> list[dict]:
     A committed copy (`<generate.committed_dir>/<prompt file name>.gz`) is used when present:
     "self" prompts are sampled from the model, which takes minutes."""
     path = prompts_path(cfg)
-    committed = os.path.join(cfg.generate.committed_dir or "", os.path.basename(path) + ".gz")
-    if not os.path.exists(path) and cfg.generate.committed_dir and os.path.exists(committed):
-        write_jsonl(path, read_jsonl(committed))
-        logger.info("prompts: taken from %s", committed)
+    if not os.path.exists(path) and cfg.generate.committed_dir:
+        committed = os.path.join(cfg.generate.committed_dir, os.path.basename(path) + ".gz")
+        if os.path.exists(committed):
+            write_jsonl(path, read_jsonl(committed))
+            logger.info("prompts: taken from %s", committed)
     if not os.path.exists(path):
         write_jsonl(path, _make_prompts(cfg))
     rows = read_jsonl(path)

@@ -83,16 +83,8 @@ def mean_tau(model_dir: Path, head: Path, prompts: list[str]) -> float:
     return sum(len(o.token_ids) for o in outs) / max(1, steps)
 
 
-def test_training_lowers_loss_and_beats_a_random_head(tiny4_dir, tmp_path):
-    cfg = tiny_train_config(tiny4_dir, tmp_path / "work")
-    rows = run_prompts(cfg)
-    run_generate(cfg)
-    run_features(cfg)
-    assert shard_paths(cfg)
-    run_features(cfg)  # resumable: nothing left to capture, no new shard
-    num_shards = len(shard_paths(cfg))
-    assert len(shard_paths(cfg)) == num_shards
-
+def train_recording_losses(cfg: TrainConfig) -> tuple[dict, list[float]]:
+    """run_train, plus the step-0 loss of every training batch in order."""
     losses: list[float] = []
     original = trainer_module.ttt_loss
 
@@ -103,9 +95,22 @@ def test_training_lowers_loss_and_beats_a_random_head(tiny4_dir, tmp_path):
 
     trainer_module.ttt_loss = recording_loss
     try:
-        summary = trainer_module.run_train(cfg)
+        return trainer_module.run_train(cfg), losses
     finally:
         trainer_module.ttt_loss = original
+
+
+def test_training_lowers_loss_and_beats_a_random_head(tiny4_dir, tmp_path):
+    cfg = tiny_train_config(tiny4_dir, tmp_path / "work")
+    rows = run_prompts(cfg)
+    run_generate(cfg)
+    run_features(cfg)
+    assert shard_paths(cfg)
+    run_features(cfg)  # resumable: nothing left to capture, no new shard
+    num_shards = len(shard_paths(cfg))
+    assert len(shard_paths(cfg)) == num_shards
+
+    summary, losses = train_recording_losses(cfg)
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < 0.7 * first, (first, last)
 
@@ -134,20 +139,9 @@ def test_training_lowers_loss_and_beats_a_random_head(tiny4_dir, tmp_path):
 
     # Warm start (trainer.init_from): a run continued from the trained head starts at its loss,
     # not at a fresh head's, and keeps its draft vocabulary.
-    warm_losses: list[float] = []
-
-    def recording_warm_loss(*args, **kwargs):
-        loss, stats = original(*args, **kwargs)
-        warm_losses.append(stats[0][0])
-        return loss, stats
-
     warm_cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(
         cfg.trainer, init_from=str(trained), output=str(tmp_path / "warm"), epochs=0.5))
-    trainer_module.ttt_loss = recording_warm_loss
-    try:
-        warm_summary = trainer_module.run_train(warm_cfg)
-    finally:
-        trainer_module.ttt_loss = original
+    warm_summary, warm_losses = train_recording_losses(warm_cfg)
     assert warm_summary["init_from"] == str(trained)
     assert len(warm_losses) >= 3 and max(warm_losses[:3]) < 0.5 * first, (warm_losses[:3], first)
     d2t = lambda path: load_file(str(path / "model.safetensors"))["d2t"]  # noqa: E731
