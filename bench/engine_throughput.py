@@ -75,7 +75,7 @@ def sequential_rate(llm: LLM, prompts: list[list[int]], params: SamplingParams) 
 def hf_rate(model, prompts: list[list[int]], max_tokens: int) -> dict:
     tokens, start = 0, time.perf_counter()
     for prompt in prompts:
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([prompt], device=model.device)
         with torch.inference_mode():
             out = model.generate(
                 ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
@@ -140,7 +140,7 @@ def main() -> None:
 
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(
         llm.engine.worker.target.model.name_or_path, dtype=llm.engine.worker.dtype
-    ).eval()
+    ).to(llm.engine.worker.device).eval()  # the engine's device, so a GPU run compares like with like
     rows["hf generate c=1"] = hf_rate(hf_model, prompts[: args.hf_prompts], args.max_tokens)
     print(f"hf generate c=1   {rows['hf generate c=1']['tokens_per_s']:8.1f} tok/s", flush=True)
 
