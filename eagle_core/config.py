@@ -57,7 +57,9 @@ class SpecConfig:
     # acceptance is the same): at batch 1 on MT-bench questions 8/3/3 measured 1.49-1.51x, within
     # noise of 6/2/4 and 12/4/4 and ahead of 16/5/4 (1.36x), whose depth 4+ is almost never reached
     # (python -m bench.tree_sizes; table in the head's README.md).
-    # GPUs and stronger heads want larger trees (--num-draft-tokens, --draft-depth, --draft-top-k).
+    # Stronger heads want larger trees (--num-draft-tokens, --draft-depth, --draft-top-k). On an
+    # H200 the engine is host-bound (no CUDA graphs yet) and larger trees were slower there too
+    # (docs/benchmarks.md, "On a GPU").
     num_draft_tokens: int = 8
     """Tree size including the root (the last sampled token): tokens verified per sequence per step."""
     depth: int = 3
