@@ -290,14 +290,32 @@ def cache_root() -> Path:
 
 
 def gguf_cache_dir(gguf_path: Path) -> Path:
-    """Where the conversion of `gguf_path` lives: keyed by the file's identity and our converter."""
+    """Where the conversion of `gguf_path` lives: keyed by the file's content and our converter.
+
+    The key reads the file, not its path or mtime: every fresh virtual environment installs the
+    packaged GGUF at a new path, and a path key left one ~0.5 GB conversion behind per install."""
     path = gguf_path.resolve()
-    stat = path.stat()
-    key = json.dumps(
-        [str(path), stat.st_size, stat.st_mtime_ns, _CONVERTER_VERSION, transformers.__version__]
-    )
+    key = json.dumps([_content_digest(path), _CONVERTER_VERSION, transformers.__version__])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_root() / "gguf" / f"{_gguf_display_name(path)}-{digest}"
+
+
+# A GGUF's first megabytes hold its metadata and tensor table (names, shapes, offsets) and the
+# first tensors; with the size and the last megabyte they identify the file without hashing
+# gigabytes at every start.
+_DIGEST_HEAD_BYTES = 8 << 20
+_DIGEST_TAIL_BYTES = 1 << 20
+
+
+def _content_digest(path: Path) -> str:
+    size = path.stat().st_size
+    sha = hashlib.sha256(str(size).encode())
+    with path.open("rb") as f:
+        sha.update(f.read(_DIGEST_HEAD_BYTES))
+        if size > _DIGEST_HEAD_BYTES:
+            f.seek(max(_DIGEST_HEAD_BYTES, size - _DIGEST_TAIL_BYTES))
+            sha.update(f.read())
+    return sha.hexdigest()
 
 
 def ensure_gguf_converted(gguf_path: Path) -> Path:

@@ -61,6 +61,26 @@ def test_changed_file_gets_a_new_cache_entry(cache, gguf, conversions):
     assert len(conversions) == 2
 
 
+def test_same_file_at_another_path_shares_the_conversion(cache, gguf, conversions, tmp_path):
+    # A second virtual environment installs the same packaged GGUF elsewhere, later.
+    elsewhere = tmp_path / "venv2" / gguf.name
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(gguf.read_bytes())
+    assert loader.ensure_gguf_converted(gguf) == loader.ensure_gguf_converted(elsewhere)
+    assert len(conversions) == 1
+
+
+def test_large_file_key_reads_its_tail(cache, tmp_path, monkeypatch):
+    monkeypatch.setattr(loader, "_DIGEST_HEAD_BYTES", 16)
+    monkeypatch.setattr(loader, "_DIGEST_TAIL_BYTES", 8)
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    a.write_bytes(b"GGUF" + b"x" * 60 + b"tail-one")
+    b.write_bytes(b"GGUF" + b"x" * 60 + b"tail-two")
+    assert loader._content_digest(a) != loader._content_digest(b)
+    b.write_bytes(a.read_bytes())
+    assert loader._content_digest(a) == loader._content_digest(b)
+
+
 def test_crash_mid_conversion_leaves_no_cache(cache, gguf, monkeypatch):
     def crashing_convert(gguf_path: Path, out_dir: Path) -> None:
         (out_dir / "model.safetensors").write_bytes(b"half a file")
