@@ -40,9 +40,9 @@ class Worker:
         if self.device.type == "cuda":
             # cuDNN's sdpa builds a new graph for every new key length, i.e. at every decode step
             # (~1.2 ms of host time per layer call). On an H200 with torch 2.11 a batch-1 decode
-            # step of SmolLM2 took 62 ms with it and 16 ms without (scripts/gpu-check.sh; figures
-            # in docs/benchmarks.md). Flash / memory-efficient attention have no such set-up.
-            # Process-wide, which suits a server that owns its GPU.
+            # step of SmolLM2 through transformers took 62 ms with it and 16 ms without
+            # (docs/benchmarks.md, "On a GPU"). Flash / memory-efficient attention have no such
+            # set-up. Process-wide, which suits a server that owns its GPU.
             torch.backends.cuda.enable_cudnn_sdp(False)
         self.vocab_size = loaded.model.get_output_embeddings().weight.shape[0]
         generation_config = getattr(loaded.model, "generation_config", None)
