@@ -145,6 +145,14 @@ def load_model(config: ModelConfig, attn_implementation: str = "sdpa") -> Loaded
     location, local_only, name = _resolve_model(config.model)
     model = _load_weights(location, local_only, dtype, attn_implementation)
     model.to(device)
+    if device.type == "cuda":
+        # cuDNN's sdpa builds a new graph for every new key length, i.e. at every decode step
+        # (~1.2 ms of host time per layer call). On an H200 with torch 2.11 a batch-1 decode
+        # step of SmolLM2 through transformers took 62 ms with it and 16 ms without
+        # (docs/benchmarks.md, "On a GPU"). Flash / memory-efficient attention have no such
+        # set-up. Process-wide (here, so serving, feature capture and training all get it),
+        # which suits a process that owns its GPU.
+        torch.backends.cuda.enable_cudnn_sdp(False)
     model.eval()
     tokenizer = _load_tokenizer(config.tokenizer, location, local_only)
     _warn_on_vocab_mismatch(model, tokenizer)

@@ -6,8 +6,6 @@ import dataclasses
 import logging
 from pathlib import Path
 
-import torch
-
 from eagle_core.batch import ScheduledBatch, StepResult
 from eagle_core.config import AUTO_DRAFT, DEFAULT_MODEL, EngineConfig
 from eagle_core.kv import blocks_needed
@@ -37,13 +35,6 @@ class Worker:
         self.model_name = loaded.name
         self.device = loaded.device
         self.dtype = loaded.dtype
-        if self.device.type == "cuda":
-            # cuDNN's sdpa builds a new graph for every new key length, i.e. at every decode step
-            # (~1.2 ms of host time per layer call). On an H200 with torch 2.11 a batch-1 decode
-            # step of SmolLM2 through transformers took 62 ms with it and 16 ms without
-            # (docs/benchmarks.md, "On a GPU"). Flash / memory-efficient attention have no such
-            # set-up. Process-wide, which suits a server that owns its GPU.
-            torch.backends.cuda.enable_cudnn_sdp(False)
         self.vocab_size = loaded.model.get_output_embeddings().weight.shape[0]
         generation_config = getattr(loaded.model, "generation_config", None)
         self.generation_eos = getattr(generation_config, "eos_token_id", None)

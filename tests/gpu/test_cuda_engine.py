@@ -32,7 +32,7 @@ def cuda_engine(model_dir, draft=None, dtype="float32") -> Engine:
 def test_greedy_on_cuda_matches_transformers_on_cpu(tiny_llama_dir):
     engine = cuda_engine(tiny_llama_dir)
     assert engine.worker.device.type == "cuda"
-    assert not torch.backends.cuda.cudnn_sdp_enabled()  # see Worker.__init__
+    assert not torch.backends.cuda.cudnn_sdp_enabled()  # see loader.load_model
     prompts = random_prompts(21, [3, 17, 40, 100, 9, 64], TINY_VOCAB_SIZE)
     outputs = run_staggered(engine, prompts, SamplingParams(temperature=0, max_tokens=16), first=3)
     for i, prompt in enumerate(prompts):

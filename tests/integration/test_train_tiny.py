@@ -106,8 +106,8 @@ def test_training_lowers_loss_and_beats_a_random_head(tiny4_dir, tmp_path):
     run_generate(cfg)
     run_features(cfg)
     assert shard_paths(cfg)
-    run_features(cfg)  # resumable: nothing left to capture, no new shard
     num_shards = len(shard_paths(cfg))
+    run_features(cfg)  # resumable: nothing left to capture, no new shard
     assert len(shard_paths(cfg)) == num_shards
 
     summary, losses = train_recording_losses(cfg)
