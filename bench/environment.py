@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -41,9 +42,15 @@ def machine_name(name: str | None) -> str:
 
 def write_result(out_dir: str, stem: str, payload: dict, suffix: str = "") -> Path:
     """Write an in-process benchmark's result to <out_dir>/<stem>-<date>-<machine><suffix>.json,
-    with the versions it ran with; returns the path."""
+    with the versions it ran with; returns the path. An earlier result of the same name is kept:
+    the new one gets -2, -3, ... appended."""
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    path = Path(out_dir) / f"{stem}-{datetime.date.today()}-{machine_name(None)}{suffix}.json"
+    name = f"{stem}-{datetime.date.today()}-{machine_name(None)}{suffix}"
+    path = Path(out_dir) / f"{name}.json"
+    for n in itertools.count(2):
+        if not path.exists():
+            break
+        path = Path(out_dir) / f"{name}-{n}.json"
     path.write_text(json.dumps({"versions": versions(), **payload}, indent=1) + "\n")
     return path
 

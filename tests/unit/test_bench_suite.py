@@ -226,3 +226,15 @@ def test_llama_cpp_row_with_a_stand_in_module(monkeypatch, tmp_path):
     assert (run.completion_tokens, run.text) == (3, "abc")
     assert calls["completion"] == ([1, 2, 3], 16, 0.0) and calls["reset"]
     assert calls["init"][2] == 0
+
+
+def test_write_result_keeps_an_earlier_result_of_the_same_name(tmp_path):
+    from bench.environment import write_result
+
+    first = write_result(str(tmp_path), "tree-sizes", {"run": 1}, suffix="-q1-2")
+    second = write_result(str(tmp_path), "tree-sizes", {"run": 2}, suffix="-q1-2")
+    third = write_result(str(tmp_path), "tree-sizes", {"run": 3}, suffix="-q1-2")
+    assert len({first, second, third}) == 3
+    assert second.name == first.name.removesuffix(".json") + "-2.json"
+    assert json.loads(first.read_text())["run"] == 1
+    assert json.loads(third.read_text())["run"] == 3
