@@ -1,12 +1,16 @@
-"""Per-call time of the attention kernels for the shapes one decoding step produces.
+"""Attention kernels for decoding: per call, and in the engine.
 
-    .venv/bin/python -m bench.attention [--device cpu] [--repeats 300]
+    .venv/bin/python -m bench.attention [--device cpu] [--engine-concurrency 1 16 64]
 
-Compares torch's sdpa (bf16, as the model runs, and on float32 copies) with the engine's
+Kernels: torch's sdpa (bf16, as the model runs, and on float32 copies) against the engine's
 `single_query_attention` for one new token per sequence, and sdpa alone for the multi-token
 groups the engine leaves to it (draft trees, prefill). Shapes follow SmolLM2-135M (9 query heads,
-3 KV heads, head_dim 64); L = keys per sequence. The median of --rounds rounds is reported: this
-machine's neighbours make single rounds noisy.
+3 KV heads, head_dim 64); keys = keys per sequence. The median of --rounds rounds is reported:
+this machine's neighbours make single rounds noisy.
+
+Engine: plain decoding of the default model (64 tokens per request, EOS ignored) at each
+--engine-concurrency, with the engine's single-query path and with sdpa put back in its place,
+the two taking turns within each round so that drift in machine load hits both alike.
 Writes bench/results/attention-<date>-<machine>.json.
 """
 
@@ -19,7 +23,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+from bench.engine_throughput import QUESTIONS, engine_rate
 from bench.environment import write_result
+from eagle_core import LLM, SamplingParams
+from eagle_core.config import EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
+from eagle_core.worker import attention
 from eagle_core.worker.attention import single_query_attention
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
@@ -36,11 +44,48 @@ def per_call_us(fn, repeats: int) -> float:
     return 1e6 * (time.perf_counter() - start) / repeats
 
 
+def sdpa_single_query(q, k, v, mask, scale):
+    """What the engine ran before single_query_attention: sdpa on the bf16 tensors."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def engine_rows(concurrency: list[int], rounds: int) -> list[dict]:
+    config = EngineConfig(
+        model=ModelConfig(max_model_len=2048),
+        scheduler=SchedulerConfig(max_num_seqs=max(concurrency)),
+        spec=SpecConfig(draft=None),
+    )
+    llm = LLM(dtype="bfloat16", config=config)
+    prompts = [llm.engine.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8))  # warm-up
+    kernels = {"single_query": single_query_attention, "sdpa_bf16": sdpa_single_query}
+    rates: dict[tuple[int, str], list[float]] = {}
+    for round_ in range(rounds):
+        for c in concurrency:
+            batch = (prompts * (c // len(prompts) + 1))[:c]
+            names = list(kernels)[round_ % 2 :] + list(kernels)[: round_ % 2]
+            for name in names:
+                attention.single_query_attention = kernels[name]
+                try:
+                    rate = engine_rate(llm, batch, params)["tokens_per_s"]
+                finally:
+                    attention.single_query_attention = single_query_attention
+                rates.setdefault((c, name), []).append(rate)
+                print(f"round {round_ + 1}, {c} requests, {name}: {rate:.1f} tok/s", flush=True)
+    return [
+        {"concurrency": c, "kernel": name, "tokens_per_s_median": statistics.median(r), "tokens_per_s": r}
+        for (c, name), r in rates.items()
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--engine-concurrency", type=int, nargs="*", default=[1, 16, 64])
+    parser.add_argument("--engine-rounds", type=int, default=3)
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -66,7 +111,10 @@ def main() -> None:
             row[f"{name}_us"] = statistics.median(per_call_us(fn, args.repeats) for _ in range(args.rounds))
         rows.append(row)
         print(", ".join(f"{key} {value:.1f}" if isinstance(value, float) else f"{key} {value}" for key, value in row.items()), flush=True)
-    out = write_result(args.out, "attention", {"settings": vars(args), "rows": rows})
+    engine = engine_rows(args.engine_concurrency, args.engine_rounds) if args.engine_concurrency else []
+    for row in engine:
+        print(f"engine, {row['concurrency']} requests, {row['kernel']}: median {row['tokens_per_s_median']:.1f} tok/s")
+    out = write_result(args.out, "attention", {"settings": vars(args), "rows": rows, "engine": engine})
     print(f"wrote {out}")
 
 

@@ -93,10 +93,10 @@ def single_query_attention(
     """Attention for one new token per sequence (decoding) as two batched float32 matmuls.
 
     Written by hand because sdpa's CPU kernel is slow for this shape: in bf16 a single query
-    took 125 vs 66 us per call at batch 1 and 300 keys, 1,680 vs 250 us at batch 16 (`python -m
-    bench.attention`; sdpa wins by a few us below ~50 keys), and in float32 its time jumped
-    between runs. Decoding calls this once per layer per step. Scores and softmax are float32,
-    as sdpa accumulates them."""
+    took 124 vs 45 us per call at batch 1 and 300 keys, 1,730 vs 270 us at batch 16 (`python -m
+    bench.attention`; sdpa wins by a few us below ~50 keys). sdpa on float32 copies was quicker
+    at batch 1-4 but 8x slower than this at batch 16-64. Decoding calls this once per layer per
+    step. Scores and softmax are float32, as sdpa accumulates them."""
     batch, heads, _, head_dim = q.shape
     kv_heads = k.shape[1]
     # Query head h reads KV head h // (heads // kv_heads), so a reshape groups them: [B, kv, G, d].
