@@ -38,11 +38,14 @@ def run_prompts(cfg: TrainConfig) -> list[dict]:
     if not os.path.exists(path):
         write_jsonl(path, _make_prompts(cfg))
     rows = read_jsonl(path)
+    if cfg.prompts.style == "self" and len(rows) < cfg.prompts.num_prompts:
+        rows = _extend_self_prompts(cfg, rows)
+        write_jsonl(path, rows)
     logger.info("prompts: %d (%d held out)", len(rows), cfg.prompts.num_heldout)
     return rows
 
 
-def _make_prompts(cfg: TrainConfig) -> list[dict]:
+def _make_prompts(cfg: TrainConfig, existing: list[str] = ()) -> list[dict]:
     pc = cfg.prompts
     if pc.style != "self":
         return make_prompts(pc.num_prompts, pc.seed, pc.style)
@@ -52,8 +55,19 @@ def _make_prompts(cfg: TrainConfig) -> list[dict]:
 
     llm = LLM(model=cfg.model, dtype=cfg.dtype, config=_generation_config(cfg), draft=None)
     return make_self_prompts(
-        llm, pc.num_prompts, pc.seed, pc.self_temperature, pc.self_max_tokens, avoid=mtbench_turns()
+        llm, pc.num_prompts - len(existing), pc.seed, pc.self_temperature, pc.self_max_tokens,
+        avoid=mtbench_turns(), existing=list(existing),
     )
+
+
+def _extend_self_prompts(cfg: TrainConfig, rows: list[dict]) -> list[dict]:
+    """Grow a model-written prompt set to prompts.num_prompts. The new requests go between the
+    training prompts and the held-out ones, so the held-out set stays the same and the training
+    prompts keep their positions (and with them their committed answer parts)."""
+    train, heldout = split_prompts(cfg, rows)
+    new = _make_prompts(cfg, existing=[r["prompt"] for r in rows])
+    logger.info("prompts: %d model-written requests added to %d", len(new), len(rows))
+    return train + new + heldout
 
 
 def _generation_config(cfg: TrainConfig):

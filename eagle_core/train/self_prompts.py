@@ -50,22 +50,26 @@ def keep_request(text: str, num_tokens: int, finish_reason: str | None, min_toke
 
 def make_self_prompts(llm, num_prompts: int, seed: int, temperature: float, max_tokens: int,
                       min_tokens: int = 8, avoid: list[str] = (), avoid_ngram: int = 8,
-                      batch: int = 256) -> list[dict]:
+                      batch: int = 256, existing: list[str] = ()) -> list[dict]:
     """Sample requests from `llm` (an eagle_core.LLM) until `num_prompts` pass the filters.
 
     Request i is sampled with seed (seed, i), so a rerun with the same settings reproduces the set.
     `avoid`: texts (evaluation questions) no kept request may share an `avoid_ngram`-word run with.
+    `existing`: requests of an earlier set that this one extends. New requests must differ from
+    them, take ids after them, and are sampled from index 20 * len(existing) + batch on, past
+    every index the earlier set can have used (its sampling stops there, see below).
     """
     from eagle_core import SamplingParams
 
     prefix = pre_query_ids(llm.engine.tokenizer)
     banned = set().union(*(ngrams(t, avoid_ngram) for t in avoid)) if avoid else set()
     out: list[dict] = []
-    seen: set[str] = set()
+    seen: set[str] = set(existing)
     dropped = {"filtered": 0, "duplicate": 0, "evaluation overlap": 0}
-    sampled = 0
+    first = 20 * len(existing) + batch if existing else 0
+    sampled = first
     while len(out) < num_prompts:
-        if sampled > 20 * num_prompts + batch:
+        if sampled - first > 20 * num_prompts + batch:
             raise RuntimeError(
                 f"only {len(out)} of {num_prompts} self-written requests passed the filters "
                 f"after {sampled} samples ({dropped}); is this a chat-tuned model?"
@@ -86,7 +90,7 @@ def make_self_prompts(llm, num_prompts: int, seed: int, temperature: float, max_
                 dropped["evaluation overlap"] += 1
             else:
                 seen.add(text)
-                out.append({"id": ID_BASE["self"] + len(out), "category": "self", "prompt": text})
+                out.append({"id": ID_BASE["self"] + len(existing) + len(out), "category": "self", "prompt": text})
             if len(out) == num_prompts:
                 break
         logger.info("self prompts: %d kept of %d sampled (dropped: %s)", len(out), sampled, dropped)

@@ -138,3 +138,36 @@ def test_committed_prompts_and_the_parts_up_to_the_configs_last_are_unpacked(tmp
     assert sorted(p.name for p in out.iterdir()) == [
         "part-00000.jsonl", "part-00003.jsonl", "part-00039.jsonl"
     ]
+
+
+def test_an_extension_skips_earlier_requests_and_samples_past_their_seeds():
+    llm = ScriptedLLM(SCRIPT)
+    existing = ["How do I keep basil alive on a windowsill?", "An earlier request", "Another one"]
+    rows = make_self_prompts(
+        llm, 1, seed=5, temperature=1.0, max_tokens=128, batch=7, avoid=[MTBENCH_LIKE], existing=existing
+    )
+    # the basil request repeats an earlier one: the haiku is the first new request kept
+    assert [r["prompt"] for r in rows] == ["Write a haiku about a tired lighthouse keeper."]
+    assert rows[0]["id"] == ID_BASE["self"] + 3
+    assert min(llm.seeds) == 5 * 1_000_003 + 20 * 3 + 7
+
+
+def test_a_grown_self_prompt_set_keeps_its_held_out_prompts_last(tmp_path, monkeypatch):
+    from eagle_core.train import generate
+
+    rows = [{"id": ID_BASE["self"] + i, "category": "self", "prompt": f"question {i}"} for i in range(6)]
+    cfg = TrainConfig(work_dir=str(tmp_path), prompts=PromptsConfig(style="self", num_prompts=9, num_heldout=2))
+    generate.write_jsonl(generate.prompts_path(cfg), rows)
+    asked = {}
+
+    def fake_make_prompts(cfg, existing=()):
+        asked["existing"] = list(existing)
+        return [{"id": ID_BASE["self"] + 6 + i, "category": "self", "prompt": f"new {i}"} for i in range(3)]
+
+    monkeypatch.setattr(generate, "_make_prompts", fake_make_prompts)
+    grown = run_prompts(cfg)
+    assert asked["existing"] == [r["prompt"] for r in rows]
+    assert [r["prompt"] for r in grown] == [f"question {i}" for i in range(4)] + [
+        "new 0", "new 1", "new 2", "question 4", "question 5"
+    ]
+    assert run_prompts(cfg) == grown  # written back: a rerun does not grow it again
