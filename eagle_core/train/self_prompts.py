@@ -57,7 +57,7 @@ def make_self_prompts(llm, num_prompts: int, seed: int, temperature: float, max_
     `avoid`: texts (evaluation questions) no kept request may share an `avoid_ngram`-word run with.
     `existing`: requests of an earlier set that this one extends. New requests must differ from
     them, take ids after them, and are sampled from index 20 * len(existing) + batch on, past
-    every index the earlier set can have used (its sampling stops there, see below).
+    every index the earlier set can have used (sampling stops before that, see below).
     """
     from eagle_core import SamplingParams
 
@@ -69,10 +69,10 @@ def make_self_prompts(llm, num_prompts: int, seed: int, temperature: float, max_
     first = 20 * len(existing) + batch if existing else 0
     sampled = first
     while len(out) < num_prompts:
-        if sampled - first > 20 * num_prompts + batch:
+        if sampled - first > 20 * num_prompts:  # so every index used is < first + 20 * num_prompts + batch
             raise RuntimeError(
                 f"only {len(out)} of {num_prompts} self-written requests passed the filters "
-                f"after {sampled} samples ({dropped}); is this a chat-tuned model?"
+                f"after {sampled - first} samples ({dropped}); is this a chat-tuned model?"
             )
         params = [
             SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed * 1_000_003 + sampled + i)
@@ -93,5 +93,5 @@ def make_self_prompts(llm, num_prompts: int, seed: int, temperature: float, max_
                 out.append({"id": ID_BASE["self"] + len(existing) + len(out), "category": "self", "prompt": text})
             if len(out) == num_prompts:
                 break
-        logger.info("self prompts: %d kept of %d sampled (dropped: %s)", len(out), sampled, dropped)
+        logger.info("self prompts: %d kept of %d sampled (dropped: %s)", len(out), sampled - first, dropped)
     return out
