@@ -23,10 +23,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bench.engine_throughput import QUESTIONS, engine_rate
+from bench.engine_throughput import QUESTIONS, chat_prompts, engine_config, engine_rate, first_n
 from bench.environment import write_result
 from eagle_core import LLM, SamplingParams
-from eagle_core.config import EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
+from eagle_core.config import ModelConfig
 from eagle_core.worker import attention
 from eagle_core.worker.attention import single_query_attention
 
@@ -50,20 +50,15 @@ def sdpa_single_query(q, k, v, mask, scale):
 
 
 def engine_rows(concurrency: list[int], rounds: int) -> list[dict]:
-    config = EngineConfig(
-        model=ModelConfig(max_model_len=2048),
-        scheduler=SchedulerConfig(max_num_seqs=max(concurrency)),
-        spec=SpecConfig(draft=None),
-    )
-    llm = LLM(dtype="bfloat16", config=config)
-    prompts = [llm.engine.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]
+    model, dtype = ModelConfig.model, "bfloat16"
+    llm = LLM(model=model, dtype=dtype, config=engine_config(model, dtype, max(concurrency)))
+    prompts = chat_prompts(llm, QUESTIONS)
     params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
-    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8))  # warm-up
     kernels = {"single_query": single_query_attention, "sdpa_bf16": sdpa_single_query}
     rates: dict[tuple[int, str], list[float]] = {}
     for round_ in range(rounds):
         for c in concurrency:
-            batch = (prompts * (c // len(prompts) + 1))[:c]
+            batch = first_n(prompts, c)
             names = list(kernels)[round_ % 2 :] + list(kernels)[: round_ % 2]
             for name in names:
                 attention.single_query_attention = kernels[name]

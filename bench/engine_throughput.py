@@ -42,6 +42,28 @@ QUESTIONS = [
 ]
 
 
+def engine_config(model: str, dtype: str, max_num_seqs: int) -> EngineConfig:
+    """Plain decoding (draft=None, not "auto", which would load the shipped head for the default
+    model) with room for max_num_seqs requests at once."""
+    return EngineConfig(
+        model=ModelConfig(model=model, dtype=dtype, max_model_len=2048),
+        scheduler=SchedulerConfig(max_num_seqs=max_num_seqs),
+        spec=SpecConfig(draft=None),
+    )
+
+
+def chat_prompts(llm: LLM, questions: list[str]) -> list[list[int]]:
+    """Each question as a one-turn chat, tokenized; then a short warm-up generation."""
+    prompts = [llm.engine.apply_chat_template([{"role": "user", "content": q}]) for q in questions]
+    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8))
+    return prompts
+
+
+def first_n(prompts: list[list[int]], n: int) -> list[list[int]]:
+    """n prompts, cycling through the list when it is shorter."""
+    return (prompts * (n // len(prompts) + 1))[:n]
+
+
 def engine_rate(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> dict:
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
@@ -101,25 +123,19 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
 
-    # The plain rows decode without a draft head (draft=None, not "auto", which would load the
-    # shipped head for the default model); the EAGLE rows speculate at every batch size.
-    config = EngineConfig(
-        model=ModelConfig(model=args.model, dtype=args.dtype, max_model_len=2048),
-        scheduler=SchedulerConfig(max_num_seqs=max(args.concurrency)),
-        spec=SpecConfig(draft=None),
-    )
+    # The plain rows decode without a draft head; the EAGLE rows speculate at every batch size.
+    config = engine_config(args.model, args.dtype, max(args.concurrency))
     llm = LLM(model=args.model, dtype=args.dtype, config=config)
     questions = QUESTIONS
     if args.prompts:
         lines = Path(args.prompts).read_text().splitlines()
         questions = [json.loads(line)["prompt"] for line in lines if line.strip()][-args.last :]
-    prompts = [llm.engine.apply_chat_template([{"role": "user", "content": q}]) for q in questions]
+    prompts = chat_prompts(llm, questions)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
-    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8))  # warm-up
 
     rows = {}
     for c in args.concurrency:
-        batch = (prompts * (c // len(prompts) + 1))[:c]
+        batch = first_n(prompts, c)
         rows[f"engine c={c}"] = (
             sequential_rate(llm, prompts[: args.hf_prompts], params) if c == 1 else engine_rate(llm, batch, params)
         )
@@ -129,7 +145,7 @@ def main() -> None:
             model=config.model, scheduler=config.scheduler, spec=SpecConfig(draft=args.draft, max_batch=0)))
         spec_llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8))
         for c in args.concurrency:
-            batch = (prompts * (c // len(prompts) + 1))[:c]
+            batch = first_n(prompts, c)
             rows[f"eagle c={c}"] = (
                 sequential_rate(spec_llm, prompts[: args.hf_prompts], params)
                 if c == 1
