@@ -1,6 +1,7 @@
 """Batch-1 speed of draft-tree sizes against plain decoding, in one process, interleaved.
 
     .venv/bin/python -m bench.tree_sizes [--trees 8/3/3 12/4/4 16/5/4] [--first 10 --questions 10]
+        [--draft-quantization int8 none]
 
 Which tree suits a head depends on how deep its drafts survive and on what a draft step and a
 wider verify cost on the machine, so the default tree (--num-draft-tokens / --draft-depth /
@@ -19,7 +20,7 @@ import time
 from bench.environment import write_result
 from bench.workloads import mt_bench_questions
 from eagle_core import LLM, EngineConfig, SamplingParams
-from eagle_core.config import SpecConfig
+from eagle_core.config import DRAFT_QUANTIZATIONS, SpecConfig
 
 
 def parse_tree(text: str) -> tuple[int, int, int]:
@@ -37,6 +38,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--draft", default="eagle_core/heads/smollm2-135m-eagle")
     parser.add_argument("--trees", type=parse_tree, nargs="+", default=[(8, 3, 3), (12, 4, 4), (16, 5, 4)])
+    parser.add_argument(
+        "--draft-quantization", nargs="+", choices=DRAFT_QUANTIZATIONS, default=["auto"],
+        help="one engine per tree and value (e.g. int8 none: the draft weights' effect)",
+    )
     parser.add_argument("--first", type=int, default=10, help="index of the first MT-bench question")
     parser.add_argument("--questions", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=96)
@@ -45,8 +50,11 @@ def main() -> None:
 
     engines = {"plain": LLM(args.model, dtype=args.dtype, draft=None)}
     for tokens, depth, top_k in args.trees:
-        spec = SpecConfig(draft=args.draft, num_draft_tokens=tokens, depth=depth, top_k=top_k, max_batch=0)
-        engines[f"{tokens}/{depth}/{top_k}"] = LLM(args.model, dtype=args.dtype, config=EngineConfig(spec=spec))
+        for quant in args.draft_quantization:
+            spec = SpecConfig(draft=args.draft, num_draft_tokens=tokens, depth=depth, top_k=top_k,
+                              max_batch=0, draft_quantization=quant)
+            name = f"{tokens}/{depth}/{top_k}" + (f" {quant}" if len(args.draft_quantization) > 1 else "")
+            engines[name] = LLM(args.model, dtype=args.dtype, config=EngineConfig(spec=spec))
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     for llm in engines.values():  # warm-up
         llm.chat([[{"role": "user", "content": "Hello!"}]], SamplingParams(temperature=0, max_tokens=8))
@@ -72,7 +80,7 @@ def main() -> None:
         rate = t["tokens"] / t["seconds"]
         rows.append({"tree": name, "tok_s": rate, "speedup": rate / plain_rate,
                      "tau": t["emitted"] / max(1, t["steps"]), **t})
-        print(f"{name:>10}: {rate:.1f} tok/s, {rate / plain_rate:.2f}x, tau {rows[-1]['tau']:.2f}")
+        print(f"{name:>15}: {rate:.1f} tok/s, {rate / plain_rate:.2f}x, tau {rows[-1]['tau']:.2f}")
     settings = {**vars(args), "trees": ["/".join(map(str, t)) for t in args.trees]}
     span = f"-q{args.first + 1}-{args.first + len(questions)}"
     out = write_result(args.out, "tree-sizes", {"settings": settings, "rows": rows}, suffix=span)

@@ -48,6 +48,9 @@ class SchedulerConfig:
     """Longest waiting queue; the server answers 429 past it."""
 
 
+DRAFT_QUANTIZATIONS = ("auto", "int8", "none")
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     draft: str | None = AUTO_DRAFT
@@ -71,10 +74,22 @@ class SpecConfig:
     plainly (counted as fallback "batch_size"). 2 fits the project's SmolLM2 heads on a CPU:
     speculating, the second measured 1.34x / 1.29x at 1 / 2 requests and 0.91x / 0.75x at 4 / 16
     in one process (bench/results/engine-2026-11-30-vm.json)."""
+    draft_quantization: str = "auto"
+    """"int8": the draft head's linears hold int8 weights (CPU only; see spec/int8_linear.py),
+    "none": the model dtype, "auto": int8 on the CPU, none elsewhere. The head's fc stays in the
+    model dtype: it reads the target's raw hidden states, whose outlier channels (|x| ~ 25,000
+    in SmolLM2) turned int8 rounding into 6% output error (0.3-0.7% in the other linears)."""
     defer_limit: int = 64
     """Owed draft entries per sequence past which a step's draft catch-up feeds every sequence,
     drafting or not (see Drafter.catch_up); 0 feeds every owed entry at every step. Bounds the
     target features held for sequences that decode plainly (`python -m bench.deferred_catch_up`)."""
+
+    def __post_init__(self) -> None:
+        if self.draft_quantization not in DRAFT_QUANTIZATIONS:
+            raise ValueError(
+                f"draft_quantization must be one of {', '.join(DRAFT_QUANTIZATIONS)}, "
+                f"got {self.draft_quantization!r}"
+            )
 
 
 @dataclass(frozen=True)

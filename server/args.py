@@ -19,7 +19,14 @@ from typing import Any
 
 import yaml
 
-from eagle_core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
+from eagle_core.config import (
+    DRAFT_QUANTIZATIONS,
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    SpecConfig,
+)
 from server.settings import ServerSettings
 
 ENV_PREFIX = "EAGLE_SERVE_"
@@ -107,6 +114,13 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--draft-depth", "spec", "depth", "draft forwards per step (tree levels)"),
     Flag("--draft-top-k", "spec", "top_k", "children expanded per tree node (1 = a chain)"),
     Flag("--spec-max-batch", "spec", "max_batch", "speculate only while at most this many sequences run (0 = always)"),
+    Flag(
+        "--draft-quantization",
+        "spec",
+        "draft_quantization",
+        "draft head weights: int8 (CPU only), none (the model dtype), auto (int8 on the CPU)",
+        choices=DRAFT_QUANTIZATIONS,
+    ),
 )
 _BY_DEST = {f.dest: f for f in FLAGS}
 # A switch with no field of its own: it clears spec.draft (plain decoding, the speedup baseline).

@@ -341,7 +341,7 @@ class Eagle3Head(_DraftHeadBase):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[*, h] -> [*, draft_vocab]; map sampled ids with `draft_to_target`."""
-        return self.lm_head(self.norm(hidden.to(self.lm_head.weight.dtype)))
+        return self.lm_head(self.norm(hidden.to(self.norm.weight.dtype)))
 
 
 def _replace_qkv(attn: LlamaAttention, in_features: int, bias: bool) -> None:

@@ -8,9 +8,11 @@ from pathlib import Path
 
 from eagle_core.batch import ScheduledBatch, StepResult
 from eagle_core.config import AUTO_DRAFT, DEFAULT_MODEL, EngineConfig
+from eagle_core.errors import ModelLoadError
 from eagle_core.kv import blocks_needed
 from eagle_core.spec.draft_head import load_draft_head
 from eagle_core.spec.drafter import Drafter
+from eagle_core.spec.int8_linear import quantize_linears
 from eagle_core.worker import attention
 from eagle_core.worker.kv_storage import KVStorage
 from eagle_core.worker.loader import load_model
@@ -56,6 +58,16 @@ class Worker:
     def execute(self, batch: ScheduledBatch) -> StepResult:
         return self.runner.execute(batch)
 
+    def _quantize_draft(self, mode: str) -> bool:
+        if mode == "none" or (mode == "auto" and self.device.type != "cpu"):
+            return False
+        if self.device.type != "cpu":
+            raise ModelLoadError(
+                f"draft_quantization int8 runs on the CPU only (device {self.device}); use none"
+            )
+        # fc reads the target's raw hidden states (outlier channels): see SpecConfig.
+        return bool(quantize_linears(self.draft_head, keep=("fc",)))
+
     def _spec_runner(self, loaded) -> SpecRunner:
         spec = self.config.spec
         self.draft_head = load_draft_head(
@@ -67,6 +79,7 @@ class Worker:
             self.device,
             attn_implementation=attention.ATTN_NAME,
         )
+        quantized = self._quantize_draft(spec.draft_quantization)
         cache = self.config.cache
         drafter = Drafter(
             self.draft_head,
@@ -79,8 +92,9 @@ class Worker:
         )
         self.num_draft_slots = spec.num_draft_tokens - 1
         logger.info(
-            "EAGLE draft head %s (%s): tree of %d tokens, depth %d, top-k %d",
-            spec.draft, self.draft_head.kind, spec.num_draft_tokens, spec.depth, spec.top_k,
+            "EAGLE draft head %s (%s%s): tree of %d tokens, depth %d, top-k %d",
+            spec.draft, self.draft_head.kind, ", int8 weights" if quantized else "",
+            spec.num_draft_tokens, spec.depth, spec.top_k,
         )
         return SpecRunner(self.target, self.sampler, drafter)
 

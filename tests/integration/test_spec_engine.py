@@ -9,6 +9,7 @@ from scipy import stats
 
 from eagle_core import SamplingParams, SpecConfig
 from eagle_core.spec import verify as verify_module
+from eagle_core.spec.int8_linear import Int8Linear
 from tests.engine_helpers import make_engine, random_prompts, run_staggered
 from tests.models import TINY_VOCAB_SIZE
 from tests.spec_helpers import bigram_target_dir, oracle_head_dir, random_head_dir
@@ -37,6 +38,28 @@ def test_greedy_with_a_random_head_equals_plain_decoding(tiny_model_dirs, tmp_pa
     spec_engine = make_engine(model_dir, draft=str(head), spec=TREES[tree], max_num_seqs=8)
     spec = run_staggered(spec_engine, prompts, params, first=8)
     assert spec == plain
+
+
+@pytest.mark.parametrize("quantization", ["int8", "none"])
+def test_int8_draft_weights_stay_exact(tiny_model_dirs, tmp_path, quantization):
+    """The draft head's linears (fc aside) hold int8 weights when asked; greedy output is the
+    target's either way."""
+    model_dir = tiny_model_dirs["llama"]
+    head = random_head_dir(model_dir, tmp_path / "head")
+    prompts = random_prompts(13, [3, 8, 17, 30], TINY_VOCAB_SIZE)
+    params = SamplingParams(temperature=0, max_tokens=16)
+    plain = run_staggered(make_engine(model_dir), prompts, params)
+    spec = SpecConfig(num_draft_tokens=8, depth=3, top_k=3, draft_quantization=quantization)
+    engine = make_engine(model_dir, draft=str(head), spec=spec)
+    layer = engine.worker.draft_head.layers[0]
+    assert isinstance(layer.mlp.down_proj, Int8Linear) == (quantization == "int8")
+    assert type(engine.worker.draft_head.fc) is torch.nn.Linear
+    assert run_staggered(engine, prompts, params) == plain
+
+
+def test_unknown_draft_quantization_is_refused():
+    with pytest.raises(ValueError, match="draft_quantization must be one of auto, int8, none"):
+        SpecConfig(draft_quantization="int4")
 
 
 @pytest.mark.parametrize(

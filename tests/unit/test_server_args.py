@@ -43,6 +43,8 @@ def test_flags_map_onto_config_fields():
             "3",
             "--draft-top-k",
             "2",
+            "--draft-quantization",
+            "none",
             "--port",
             "9000",
             "--host",
@@ -70,11 +72,13 @@ def test_flags_map_onto_config_fields():
         engine.spec.num_draft_tokens,
         engine.spec.depth,
         engine.spec.top_k,
+        engine.spec.draft_quantization,
     ) == (
         "/d",
         8,
         3,
         2,
+        "none",
     )
     assert server == ServerSettings(
         host="0.0.0.0",
@@ -146,6 +150,8 @@ def test_unknown_flag_and_bad_choice_exit():
         parse_args(["--max-num-sequences", "3"], environ={})
     with pytest.raises(SystemExit):
         parse_args(["--dtype", "int3"], environ={})
+    with pytest.raises(SystemExit):
+        parse_args(["--draft-quantization", "int4"], environ={})
 
 
 def test_help_shows_defaults():
