@@ -148,6 +148,9 @@ def evaluate_head(cfg: TrainConfig, head: str, out_dir: str, sets: tuple[str, ..
     spec = SpecConfig()  # _engine uses the default tree
     tree = {"num_draft_tokens": spec.num_draft_tokens, "depth": spec.depth, "top_k": spec.top_k}
     report: dict = {"head": head, "tree": tree, "results": {}}
+    # The draft weights' format changes acceptance slightly: figures of one must not stand in for
+    # the other ("auto" is int8 on the CPU, where evaluations run unless a GPU is present).
+    tree["draft_quantization"] = spec.draft_quantization
     common = {"model": cfg.model, "dtype": cfg.dtype, "style": cfg.prompts.style, "tree": tree}
     weights = weights_digest(head)
     llm = None
