@@ -59,7 +59,8 @@ class SpecConfig:
     # Sized for a CPU and the project's second SmolLM2 head (not rerun for the third, whose MT-bench
     # acceptance is the same): at batch 1 on MT-bench questions 8/3/3 measured 1.49-1.51x, within
     # noise of 6/2/4 and 12/4/4 and ahead of 16/5/4 (1.36x), whose depth 4+ is almost never reached
-    # (python -m bench.tree_sizes; table in the head's README.md).
+    # (python -m bench.tree_sizes; table in the head's README.md). Rerun with the fourth head and
+    # int8 draft weights: 8/3/3 1.60x, 6/2/4 1.60x, 10/3/4 1.59x, 10/2/6 1.57x, 12/4/4 1.55x.
     # Stronger heads want larger trees (--num-draft-tokens, --draft-depth, --draft-top-k). On an
     # H200 the engine is host-bound (no CUDA graphs yet) and larger trees were slower there too
     # (docs/benchmarks.md, "On a GPU").
