@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.deferred_catch_up [--concurrency 8 16] [--rounds 3] [--max-tokens 96]
 
-Three engines on the same model: plain decoding; EAGLE with the default --spec-max-batch (2) and
+Three engines on the same model: plain decoding; EAGLE with the default --spec-max-batch and
 deferred catch-up (`SpecConfig.defer_limit`, 64); the same with defer_limit = 0, which feeds every
 owed entry at every step (the behaviour before deferral). At concurrency above 2 the EAGLE engines
 decode plainly, so any gap to the plain engine is the cost of keeping the head ready. EOS is

@@ -160,11 +160,17 @@ def main() -> None:
     rows["hf generate c=1"] = hf_rate(hf_model, prompts[: args.hf_prompts], args.max_tokens)
     print(f"hf generate c=1   {rows['hf generate c=1']['tokens_per_s']:8.1f} tok/s", flush=True)
 
-    base = rows["engine c=1"]["tokens_per_s"]
-    summary = {
-        "engine_c1_vs_hf": round(base / rows["hf generate c=1"]["tokens_per_s"], 2),
-        **{f"engine_c{c}_vs_c1": round(rows[f"engine c={c}"]["tokens_per_s"] / base, 2) for c in args.concurrency},
-    }
+    def rate(name: str) -> float:
+        return rows[name]["tokens_per_s"]
+
+    summary = {}
+    if 1 in args.concurrency:  # batch-1 comparisons need the batch-1 row
+        summary["engine_c1_vs_hf"] = round(rate("engine c=1") / rate("hf generate c=1"), 2)
+        summary.update({f"engine_c{c}_vs_c1": round(rate(f"engine c={c}") / rate("engine c=1"), 2)
+                        for c in args.concurrency})
+    if args.draft:  # what speculating at every batch size gains or costs (--spec-max-batch)
+        summary.update({f"eagle_c{c}_vs_engine": round(rate(f"eagle c={c}") / rate(f"engine c={c}"), 2)
+                        for c in args.concurrency})
     payload = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": machine_info(None),

@@ -70,11 +70,14 @@ class SpecConfig:
     """Draft forwards per step (levels of the tree)."""
     top_k: int = 3
     """Children expanded per frontier node; 1 gives a chain."""
-    max_batch: int = 2
+    max_batch: int = 4
     """Speculate only while at most this many sequences run (0: always). Past it, steps decode
-    plainly (counted as fallback "batch_size"). 2 fits the project's SmolLM2 heads on a CPU:
-    speculating, the second measured 1.34x / 1.29x at 1 / 2 requests and 0.91x / 0.75x at 4 / 16
-    in one process (bench/results/engine-2026-11-30-vm.json)."""
+    plainly (counted as fallback "batch_size"). 4 fits the shipped SmolLM2 head with int8 draft
+    weights on a CPU: speculating at every batch size measured 1.52x / 1.61x / 1.16x / 1.01x /
+    0.88x / 0.80x at 1 / 2 / 3 / 4 / 6 / 8 requests in one process
+    (bench/results/engine-2026-12-01-vm-3.json; 2 was right for the second head in bf16: 0.91x at
+    4). Under a closed loop the running count dips below the limit as answers end at different
+    times, which is when the limit pays most."""
     draft_quantization: str = "auto"
     """"int8": the draft head's linears hold int8 weights (CPU only; see spec/int8_linear.py),
     "none": the model dtype, "auto": int8 on the CPU, none elsewhere. The head's fc stays in the
