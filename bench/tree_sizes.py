@@ -6,9 +6,9 @@
 Which tree suits a head depends on how deep its drafts survive and on what a draft step and a
 wider verify cost on the machine, so the default tree (--num-draft-tokens / --draft-depth /
 --draft-top-k) is picked from this measurement. One engine per tree plus a plain one, all on the
-same model; each MT-bench first-turn question (T=0) goes through every engine, the order rotating
-from question to question so that drift in machine load spreads evenly. tau = tokens per target
-forward (bonus included), from the engine's per-request counters.
+same model; each MT-bench first-turn question (T=0 unless --temperature) goes through every
+engine, the order rotating from question to question so that drift in machine load spreads
+evenly. tau = tokens per target forward (bonus included), from the engine's per-request counters.
 Writes bench/results/tree-sizes-<date>-<machine>-q<first question>-<last question>.json.
 """
 
@@ -45,6 +45,8 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=10, help="index of the first MT-bench question")
     parser.add_argument("--questions", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature (each question gets the same seed in every engine)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
 
@@ -55,7 +57,6 @@ def main() -> None:
                               max_batch=0, draft_quantization=quant)
             name = f"{tokens}/{depth}/{top_k}" + (f" {quant}" if len(args.draft_quantization) > 1 else "")
             engines[name] = LLM(args.model, dtype=args.dtype, config=EngineConfig(spec=spec))
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     for llm in engines.values():  # warm-up
         llm.chat([[{"role": "user", "content": "Hello!"}]], SamplingParams(temperature=0, max_tokens=8))
 
@@ -65,6 +66,7 @@ def main() -> None:
     for q, question in enumerate(questions):
         shift = q % len(names)
         for name in names[shift:] + names[:shift]:
+            params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=q)
             start = time.perf_counter()
             out = engines[name].chat([[{"role": "user", "content": question.turns[0]}]], params)[0]
             totals[name]["seconds"] += time.perf_counter() - start
@@ -82,7 +84,7 @@ def main() -> None:
                      "tau": t["emitted"] / max(1, t["steps"]), **t})
         print(f"{name:>15}: {rate:.1f} tok/s, {rate / plain_rate:.2f}x, tau {rows[-1]['tau']:.2f}")
     settings = {**vars(args), "trees": ["/".join(map(str, t)) for t in args.trees]}
-    span = f"-q{args.first + 1}-{args.first + len(questions)}"
+    span = f"-q{args.first + 1}-{args.first + len(questions)}" + (f"-T{args.temperature:g}" if args.temperature else "")
     out = write_result(args.out, "tree-sizes", {"settings": settings, "rows": rows}, suffix=span)
     print(f"wrote {out}")
 
