@@ -366,7 +366,8 @@ class ServerMetrics:
 
 
 def model_info(engine: Any) -> dict[str, str]:
-    """The eagle_model_info labels: target model, draft head, dtype, device, draft tree."""
+    """The eagle_model_info labels: target model, draft head, dtype, device, draft tree, and the
+    draft head's weight format (int8 or the model dtype)."""
     worker = getattr(engine, "worker", None)
     spec = getattr(getattr(engine, "config", None), "spec", None)
     draft = getattr(spec, "draft", None)
@@ -381,4 +382,5 @@ def model_info(engine: Any) -> dict[str, str]:
             if draft
             else "none"
         ),
+        "draft_weights": str(getattr(worker, "draft_weights", None) or "none") if draft else "none",
     }

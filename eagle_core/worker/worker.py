@@ -45,6 +45,8 @@ class Worker:
         self.sampler = Sampler(self.device)
         self.num_draft_slots = 0
         self.draft_head = None
+        self.draft_weights: str | None = None
+        """"int8" or the model dtype's name once a draft head is loaded (eagle_model_info)."""
         if self.config.spec.draft:
             self.runner = self._spec_runner(loaded)
         else:
@@ -80,6 +82,7 @@ class Worker:
             attn_implementation=attention.ATTN_NAME,
         )
         quantized = self._quantize_draft(spec.draft_quantization)
+        self.draft_weights = "int8" if quantized else str(self.dtype).removeprefix("torch.")
         cache = self.config.cache
         drafter = Drafter(
             self.draft_head,

@@ -60,7 +60,7 @@ def stub_engine(draft: str | None = "/heads/tiny", depth: int = 3) -> SimpleName
     return SimpleNamespace(
         model_name="org/tiny-llama",
         config=EngineConfig(spec=spec),
-        worker=SimpleNamespace(dtype="torch.float32", device="cpu"),
+        worker=SimpleNamespace(dtype="torch.float32", device="cpu", draft_weights="int8" if draft else None),
     )
 
 
@@ -237,8 +237,10 @@ def test_model_info_names_model_draft_dtype_device_and_tree():
         "dtype": "float32",
         "device": "cpu",
         "tree": "num_draft_tokens=8,depth=3,top_k=2",
+        "draft_weights": "int8",
     }
     assert model_info(stub_engine(draft=None))["tree"] == "none"
+    assert model_info(stub_engine(draft=None))["draft_weights"] == "none"
 
 
 def test_nothing_engine_related_is_exported_before_the_engine_loads():
