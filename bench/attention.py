@@ -93,14 +93,17 @@ def main() -> None:
         # A decoding batch masks each sequence's padding; a tree masks non-ancestors.
         mask = torch.rand(batch, 1, q_len, keys, device=args.device) < 0.9
         mask[..., 0] = True
+        # Default arguments bind this shape's tensors (each lambda also runs within its iteration).
         kernels = {
-            "sdpa_bf16": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True),
-            "sdpa_fp32": lambda: F.scaled_dot_product_attention(
+            "sdpa_bf16": lambda q=q, k=k, v=v, mask=mask: F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, enable_gqa=True
+            ),
+            "sdpa_fp32": lambda q=q, k=k, v=v, mask=mask: F.scaled_dot_product_attention(
                 q.float(), k.float(), v.float(), attn_mask=mask, enable_gqa=True
-            ).to(dtype),
+            ).to(q.dtype),
         }
         if q_len == 1:
-            kernels["single_query"] = lambda: single_query_attention(q, k, v, mask, None)
+            kernels["single_query"] = lambda q=q, k=k, v=v, mask=mask: single_query_attention(q, k, v, mask, None)
         row = {"batch": batch, "q_len": q_len, "keys": keys}
         for name, fn in kernels.items():
             row[f"{name}_us"] = statistics.median(per_call_us(fn, args.repeats) for _ in range(args.rounds))
