@@ -4,7 +4,7 @@
 
 Three engines on the same model: plain decoding; EAGLE with the default --spec-max-batch and
 deferred catch-up (`SpecConfig.defer_limit`, 64); the same with defer_limit = 0, which feeds every
-owed entry at every step (the behaviour before deferral). At concurrency above 2 the EAGLE engines
+owed entry at every step (the behaviour before deferral). At concurrency above --spec-max-batch the EAGLE engines
 decode plainly, so any gap to the plain engine is the cost of keeping the head ready. EOS is
 ignored so every request decodes --max-tokens tokens. Rounds alternate the engines' order.
 Writes bench/results/deferred-catch-up-<date>-<machine>.json.

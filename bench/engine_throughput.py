@@ -134,6 +134,7 @@ def main() -> None:
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
 
     rows = {}
+    draft_weights = None
     for c in args.concurrency:
         batch = first_n(prompts, c)
         rows[f"engine c={c}"] = (
@@ -144,6 +145,7 @@ def main() -> None:
         spec_llm = LLM(model=args.model, dtype=args.dtype, config=EngineConfig(
             model=config.model, scheduler=config.scheduler, spec=SpecConfig(draft=args.draft, max_batch=0)))
         spec_llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=8))
+        draft_weights = spec_llm.engine.worker.draft_weights
         for c in args.concurrency:
             batch = first_n(prompts, c)
             rows[f"eagle c={c}"] = (
@@ -176,6 +178,7 @@ def main() -> None:
         "machine": machine_info(None),
         "threads": torch.get_num_threads(),
         "settings": vars(args),
+        "draft_weights": draft_weights,
         "rows": rows,
         "summary": summary,
     }

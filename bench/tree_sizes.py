@@ -81,7 +81,8 @@ def main() -> None:
     for name, t in totals.items():
         rate = t["tokens"] / t["seconds"]
         rows.append({"tree": name, "tok_s": rate, "speedup": rate / plain_rate,
-                     "tau": t["emitted"] / max(1, t["steps"]), **t})
+                     "tau": t["emitted"] / max(1, t["steps"]),
+                     "draft_weights": engines[name].engine.worker.draft_weights, **t})
         print(f"{name:>15}: {rate:.1f} tok/s, {rate / plain_rate:.2f}x, tau {rows[-1]['tau']:.2f}")
     settings = {**vars(args), "trees": ["/".join(map(str, t)) for t in args.trees]}
     span = f"-q{args.first + 1}-{args.first + len(questions)}" + (f"-T{args.temperature:g}" if args.temperature else "")

@@ -118,7 +118,7 @@ FLAGS: tuple[Flag, ...] = (
         "--draft-quantization",
         "spec",
         "draft_quantization",
-        "draft head weights: int8 (CPU only), none (the model dtype), auto (int8 on the CPU)",
+        "draft head weights: int8 (bf16 models on the CPU), none (the model dtype), auto (int8 where it applies)",
         choices=DRAFT_QUANTIZATIONS,
     ),
 )

@@ -19,10 +19,11 @@ def make_engine(
     kv_tokens: int = 8192,
     max_model_len: int | None = None,
     spec: SpecConfig | None = None,
+    dtype: str = "float32",
     **sched,
 ) -> Engine:
     config = EngineConfig(
-        model=ModelConfig(model=str(model_dir), dtype="float32", device="cpu", max_model_len=max_model_len),
+        model=ModelConfig(model=str(model_dir), dtype=dtype, device="cpu", max_model_len=max_model_len),
         cache=CacheConfig(kv_cache_tokens=kv_tokens),
         scheduler=dataclasses.replace(SchedulerConfig(), **sched),
         # Tests of speculation want trees whatever the batch size: no load-based fallback.

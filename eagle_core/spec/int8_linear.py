@@ -1,13 +1,20 @@
-"""Weight-only int8 linears for the draft head on the CPU.
+"""Weight-only int8 linears for the draft head on the CPU (bfloat16 models).
 
 Why: at batch 1 on a CPU a draft forward is bound by reading the head's weights (~20 MB in
 bf16 for the default head), and the target's forward between two draft steps pushes them out
 of cache, so every step reads them from memory again. Stored as int8 with one scale per output
 row they take half the bytes, and torch's fused weight-only kernel (`_weight_int8pack_mm`, the
-one gpt-fast and torchchat use on CPUs) runs the head's shapes 2-3x faster than the bf16
-linear, cold or warm (`python -m bench.tree_sizes --draft-quantization int8 none` measures the
+one gpt-fast and torchchat use on CPUs) runs the head's decoding shapes 2-3x faster than the
+bf16 linear (`python -m bench.tree_sizes --draft-quantization int8 none` measures the
 engine-level effect). Hand-written because the module is one kernel call, and torchao's
 weight-only int8 path converts the weights back to the activation dtype on every CPU call.
+
+Where the kernel loses, the original linear runs instead:
+- many rows (a prompt's catch-up): the kernel is compute-bound there, e.g. 576 -> 1536 with 64
+  rows 486 vs 226 us, so inputs of more than ROW_LIMIT rows take the bf16 weights, which are
+  kept (for the default head, 20 MB beside the 10 MB of int8 ones);
+- float32 and float16: torch 2.13 has no vectorised x86 kernel for them (576 -> 1536, 4 rows:
+  fp16 1,237 vs 148 us), so only bfloat16 linears are converted.
 
 Rounding the head's weights can only change which tokens are proposed: the target still
 verifies every one, so the output distribution is unchanged.
@@ -22,41 +29,72 @@ from torch import nn
 # of 32; such linears stay unquantized.
 _KERNEL_BLOCK = 32
 
-
-class Int8Linear(nn.Module):
-    """nn.Linear with int8 weights, symmetric per output row, and the activation dtype's scales."""
-
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach().float()  # [out, in]
-        scale = weight.abs().amax(dim=1).clamp_min(1e-12) / 127  # [out]
-        self.register_buffer("weight_int8", torch.round(weight / scale[:, None]).to(torch.int8))
-        self.register_buffer("scale", scale.to(linear.weight.dtype))
-        self.bias = linear.bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [*, in] -> [*, out]
-        rows = x.reshape(-1, self.in_features).to(self.scale.dtype)  # [N, in]
-        out = torch.ops.aten._weight_int8pack_mm(rows, self.weight_int8, self.scale)  # [N, out]
-        out = out.view(*x.shape[:-1], self.out_features)
-        return out if self.bias is None else out + self.bias
+ROW_LIMIT = 16
+"""Rows up to which the int8 kernel runs. Measured on the 2-core CPU with weights out of cache
+(as in the engine): at 16 rows int8 still won (576 -> 1536: 156 vs 235 us; 576 -> 8192: 646 vs
+793 us); with weights in cache it already lost at 16 (121 vs 91 us) and lost 2x at 64."""
 
 
 def quantizable(linear: nn.Linear) -> bool:
     return (
         linear.weight.device.type == "cpu"
+        and linear.weight.dtype == torch.bfloat16
         and linear.in_features % _KERNEL_BLOCK == 0
-        and linear.weight.dtype in (torch.float32, torch.bfloat16, torch.float16)
     )
 
 
-def quantize_linears(module: nn.Module, keep: tuple[str, ...] = ()) -> list[str]:
+def wants_int8(mode: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a draft head on `device` in `dtype` gets int8 weights (SpecConfig.draft_quantization)."""
+    if mode == "auto":
+        return device.type == "cpu" and dtype == torch.bfloat16
+    return mode == "int8"
+
+
+class Int8Linear(nn.Module):
+    """A bf16 nn.Linear plus int8 weights (symmetric, one bf16 scale per output row) that serve
+    inputs of at most ROW_LIMIT rows."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        if not quantizable(linear):
+            raise ValueError(
+                f"Int8Linear needs a CPU bfloat16 linear with in_features divisible by "
+                f"{_KERNEL_BLOCK}; got {linear.weight.device.type} {linear.weight.dtype}, "
+                f"in_features {linear.in_features}"
+            )
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.linear = linear
+        weight = linear.weight.detach().float()  # [out, in]
+        # Round the scale to bf16 first: the kernel multiplies by the bf16 scale.
+        scale = (weight.abs().amax(dim=1).clamp_min(1e-12) / 127).to(linear.weight.dtype)  # [out]
+        int8 = torch.round(weight / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
+        self.register_buffer("weight_int8", int8)
+        self.register_buffer("scale", scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [*, in] -> [*, out]
+        rows = x.reshape(-1, self.in_features)  # [N, in]
+        if rows.shape[0] > ROW_LIMIT:
+            return self.linear(x)
+        rows = rows.to(self.scale.dtype).contiguous()
+        out = torch.ops.aten._weight_int8pack_mm(rows, self.weight_int8, self.scale)  # [N, out]
+        out = out.view(*x.shape[:-1], self.out_features)
+        return out if self.linear.bias is None else out + self.linear.bias
+
+
+def quantize_linears(module: nn.Module, keep: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
     """Replace every quantizable nn.Linear under `module` (in place) except those whose own name
-    is in `keep`; returns the dotted names replaced."""
-    replaced = []
+    is in `keep`; returns the dotted names (replaced, left as they were)."""
+    replaced, left = [], []
     for name, child in list(module.named_modules()):
+        if isinstance(child, Int8Linear):
+            continue
         for child_name, grandchild in list(child.named_children()):
-            if isinstance(grandchild, nn.Linear) and child_name not in keep and quantizable(grandchild):
+            if not isinstance(grandchild, nn.Linear) or child_name in keep:
+                continue
+            full = f"{name}.{child_name}" if name else child_name
+            if quantizable(grandchild):
                 setattr(child, child_name, Int8Linear(grandchild))
-                replaced.append(f"{name}.{child_name}" if name else child_name)
-    return replaced
+                replaced.append(full)
+            else:
+                left.append(full)
+    return replaced, left

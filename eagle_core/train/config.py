@@ -121,6 +121,8 @@ class EvalConfig:
     """MT-bench questions timed one at a time (batch 1), speculation on and off interleaved."""
     speed_max_tokens: int = 128
     seed: int = 0
+    draft_quantization: str = "auto"
+    """As the server's --draft-quantization; "none" measures the head in the model dtype."""
 
 
 @dataclass(frozen=True)

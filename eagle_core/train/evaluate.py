@@ -78,9 +78,21 @@ def _engine(cfg: TrainConfig, draft: str | None, max_num_seqs: int = 32):
     # (max_batch=0); draft=None really means plain decoding (not the shipped head).
     config = EngineConfig(
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024),
-        spec=SpecConfig(draft=draft, max_batch=0),
+        spec=SpecConfig(draft=draft, max_batch=0, draft_quantization=cfg.eval.draft_quantization),
     )
     return LLM(model=cfg.model, dtype=cfg.dtype, config=config)
+
+
+def draft_weights(cfg: TrainConfig) -> str:
+    """The draft head's weight format the evaluation engine will use: "int8" or the dtype name."""
+    from eagle_core.spec.int8_linear import wants_int8
+    from eagle_core.worker.loader import resolve_device, resolve_dtype
+
+    device = resolve_device("auto")  # what _engine's LLM picks
+    dtype = resolve_dtype(cfg.dtype, device)
+    if wants_int8(cfg.eval.draft_quantization, device, dtype):
+        return "int8"
+    return str(dtype).removeprefix("torch.")
 
 
 def acceptance(llm, conversations: list[list[dict]], temperature: float, max_tokens: int,
@@ -148,10 +160,11 @@ def evaluate_head(cfg: TrainConfig, head: str, out_dir: str, sets: tuple[str, ..
     spec = SpecConfig()  # _engine uses the default tree
     tree = {"num_draft_tokens": spec.num_draft_tokens, "depth": spec.depth, "top_k": spec.top_k}
     report: dict = {"head": head, "tree": tree, "results": {}}
+    report["draft_weights"] = draft_weights(cfg)
     # The draft weights' format changes acceptance slightly: figures of one must not stand in for
-    # the other ("auto" is int8 on the CPU, where evaluations run unless a GPU is present).
-    tree["draft_quantization"] = spec.draft_quantization
-    common = {"model": cfg.model, "dtype": cfg.dtype, "style": cfg.prompts.style, "tree": tree}
+    # the other.
+    common = {"model": cfg.model, "dtype": cfg.dtype, "style": cfg.prompts.style, "tree": tree,
+              "draft_weights": report["draft_weights"]}
     weights = weights_digest(head)
     llm = None
     for name in sets:
@@ -192,7 +205,8 @@ def evaluate_head(cfg: TrainConfig, head: str, out_dir: str, sets: tuple[str, ..
 
 
 def to_markdown(report: dict) -> str:
-    lines = [f"# Evaluation of {report['head']}", "", f"Tree: {report.get('tree')}", "",
+    lines = [f"# Evaluation of {report['head']}", "", f"Tree: {report.get('tree')}; draft weights: "
+             f"{report.get('draft_weights')}", "",
              "| set | T | prompts | tokens | tau | P(depth>=1..5) |", "|---|---|---|---|---|---|"]
     for key, r in report["results"].items():
         name, _, t = key.rpartition("_T")

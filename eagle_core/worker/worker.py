@@ -6,13 +6,15 @@ import dataclasses
 import logging
 from pathlib import Path
 
+import torch
+
 from eagle_core.batch import ScheduledBatch, StepResult
 from eagle_core.config import AUTO_DRAFT, DEFAULT_MODEL, EngineConfig
 from eagle_core.errors import ModelLoadError
 from eagle_core.kv import blocks_needed
 from eagle_core.spec.draft_head import load_draft_head
 from eagle_core.spec.drafter import Drafter
-from eagle_core.spec.int8_linear import quantize_linears
+from eagle_core.spec.int8_linear import quantize_linears, wants_int8
 from eagle_core.worker import attention
 from eagle_core.worker.kv_storage import KVStorage
 from eagle_core.worker.loader import load_model
@@ -61,14 +63,20 @@ class Worker:
         return self.runner.execute(batch)
 
     def _quantize_draft(self, mode: str) -> bool:
-        if mode == "none" or (mode == "auto" and self.device.type != "cpu"):
+        if not wants_int8(mode, self.device, self.dtype):
             return False
-        if self.device.type != "cpu":
+        if self.device.type != "cpu" or self.dtype != torch.bfloat16:
             raise ModelLoadError(
-                f"draft_quantization int8 runs on the CPU only (device {self.device}); use none"
+                f"draft_quantization int8 needs a bfloat16 model on the CPU (torch's vectorised "
+                f"int8 kernel); this one is {str(self.dtype).removeprefix('torch.')} on "
+                f"{self.device}: use none"
             )
-        # fc reads the target's raw hidden states (outlier channels): see SpecConfig.
-        return bool(quantize_linears(self.draft_head, keep=("fc",)))
+        # The fc's input mixes raw target hidden states, outlier channels included: see SpecConfig.
+        replaced, left = quantize_linears(self.draft_head, keep=("fc",))
+        if left:
+            logger.warning("draft head linears left in %s (shape unsupported by the int8 kernel): %s",
+                           self.dtype, ", ".join(left))
+        return bool(replaced)
 
     def _spec_runner(self, loaded) -> SpecRunner:
         spec = self.config.spec

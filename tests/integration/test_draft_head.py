@@ -166,6 +166,28 @@ def test_eagle3_takes_fused_or_own_hidden(target8):
         run(head, ids, features[..., :10], positions)
 
 
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_int8_weights_keep_the_heads_drafts(kind, target, target8):
+    """The draft head's decoding path with int8 linears stays within rounding of the bf16 head."""
+    import copy
+
+    from eagle_core.spec.int8_linear import Int8Linear, quantize_linears
+
+    head = (eagle1_head(target) if kind == "eagle1" else eagle3_head(target8)).to(torch.bfloat16)
+    quantized = copy.deepcopy(head)
+    replaced, left = quantize_linears(quantized, keep=("fc",))
+    assert replaced and not left
+    assert sum(isinstance(m, Int8Linear) for m in quantized.modules()) == len(replaced)
+    ids, features, positions = inputs(t=4, width=head.feature_size)  # decoding-sized: int8 path
+    with torch.no_grad():
+        expected = head.logits(run(head, ids, features, positions, attention_mask=causal_mask(4))).float()
+        got = quantized.logits(
+            run(quantized, ids, features, positions, attention_mask=causal_mask(4))
+        ).float()
+    assert ((got - expected).norm() / expected.norm()).item() < 0.03
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean().item() >= 0.75
+
+
 def test_features_from_target_hidden_states(target, target8):
     ids = torch.randint(0, VOCAB, (1, 5))
     with torch.no_grad():

@@ -8,6 +8,7 @@ import torch
 from scipy import stats
 
 from eagle_core import SamplingParams, SpecConfig
+from eagle_core.errors import ModelLoadError
 from eagle_core.spec import verify as verify_module
 from eagle_core.spec.int8_linear import Int8Linear
 from tests.engine_helpers import make_engine, random_prompts, run_staggered
@@ -40,21 +41,37 @@ def test_greedy_with_a_random_head_equals_plain_decoding(tiny_model_dirs, tmp_pa
     assert spec == plain
 
 
-@pytest.mark.parametrize("quantization", ["int8", "none"])
-def test_int8_draft_weights_stay_exact(tiny_model_dirs, tmp_path, quantization):
-    """The draft head's linears (fc aside) hold int8 weights when asked; greedy output is the
-    target's either way."""
+def test_int8_draft_weights_on_a_bf16_model(tiny_model_dirs, tmp_path):
+    """auto gives a bf16 model's draft head int8 weights (fc aside); the engine decodes with it."""
     model_dir = tiny_model_dirs["llama"]
     head = random_head_dir(model_dir, tmp_path / "head")
-    prompts = random_prompts(13, [3, 8, 17, 30], TINY_VOCAB_SIZE)
-    params = SamplingParams(temperature=0, max_tokens=16)
-    plain = run_staggered(make_engine(model_dir), prompts, params)
-    spec = SpecConfig(num_draft_tokens=8, depth=3, top_k=3, draft_quantization=quantization)
-    engine = make_engine(model_dir, draft=str(head), spec=spec)
+    spec = SpecConfig(num_draft_tokens=8, depth=3, top_k=3)
+    engine = make_engine(model_dir, draft=str(head), spec=spec, dtype="bfloat16")
     layer = engine.worker.draft_head.layers[0]
-    assert isinstance(layer.mlp.down_proj, Int8Linear) == (quantization == "int8")
+    assert isinstance(layer.mlp.down_proj, Int8Linear) and isinstance(layer.self_attn.q_proj, Int8Linear)
     assert type(engine.worker.draft_head.fc) is torch.nn.Linear
-    assert run_staggered(engine, prompts, params) == plain
+    assert engine.worker.draft_weights == "int8"
+    prompts = random_prompts(13, [3, 8, 17, 30], TINY_VOCAB_SIZE)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outputs = run_staggered(engine, prompts, params)
+    assert sorted(len(tokens) for tokens in outputs.values()) == [16] * 4
+    assert engine.spec_counters.num_drafts > 0
+
+
+@pytest.mark.parametrize(("quantization", "expected"), [("auto", "float32"), ("none", "float32")])
+def test_float32_models_keep_their_draft_weights(tiny_model_dirs, tmp_path, quantization, expected):
+    model_dir = tiny_model_dirs["llama"]
+    head = random_head_dir(model_dir, tmp_path / "head")
+    engine = make_engine(model_dir, draft=str(head), spec=SpecConfig(draft_quantization=quantization))
+    assert engine.worker.draft_weights == expected
+    assert type(engine.worker.draft_head.layers[0].mlp.down_proj) is torch.nn.Linear
+
+
+def test_int8_draft_weights_where_they_cannot_run_are_refused(tiny_model_dirs, tmp_path):
+    model_dir = tiny_model_dirs["llama"]
+    head = random_head_dir(model_dir, tmp_path / "head")
+    with pytest.raises(ModelLoadError, match="int8 needs a bfloat16 model on the CPU"):
+        make_engine(model_dir, draft=str(head), spec=SpecConfig(draft_quantization="int8"))
 
 
 def test_unknown_draft_quantization_is_refused():
