@@ -65,8 +65,8 @@ def main() -> None:
     totals = {name: {"tokens": 0, "seconds": 0.0, "steps": 0, "emitted": 0} for name in names}
     for q, question in enumerate(questions):
         shift = q % len(names)
+        params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=q)
         for name in names[shift:] + names[:shift]:
-            params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=q)
             start = time.perf_counter()
             out = engines[name].chat([[{"role": "user", "content": question.turns[0]}]], params)[0]
             totals[name]["seconds"] += time.perf_counter() - start

@@ -73,10 +73,10 @@ class SpecConfig:
     max_batch: int = 4
     """Speculate only while at most this many sequences run (0: always). Past it, steps decode
     plainly (counted as fallback "batch_size"). 4 fits the shipped SmolLM2 head with int8 draft
-    weights on a CPU (with draft_quantization none, 2 was the better limit): speculating at every batch size measured 1.52x / 1.61x / 1.16x / 1.01x /
+    weights on a CPU: speculating at every batch size measured 1.52x / 1.61x / 1.16x / 1.01x /
     0.88x / 0.80x at 1 / 2 / 3 / 4 / 6 / 8 requests in one process
-    (bench/results/engine-2026-12-01-vm-3.json; 2 was right for the second head in bf16: 0.91x at
-    4). Under a closed loop the running count dips below the limit as answers end at different
+    (bench/results/engine-2026-12-01-vm-3.json). With draft_quantization none, 2 is the better
+    limit (the second head in bf16: 0.91x at 4). Under a closed loop the running count dips below the limit as answers end at different
     times, which is when the limit pays most."""
     draft_quantization: str = "auto"
     """"int8": the draft head's linears also hold int8 weights, used for decoding-sized inputs

@@ -86,13 +86,13 @@ def _engine(cfg: TrainConfig, draft: str | None, max_num_seqs: int = 32):
 def draft_weights(cfg: TrainConfig) -> str:
     """The draft head's weight format the evaluation engine will use: "int8" or the dtype name."""
     from eagle_core.spec.int8_linear import wants_int8
-    from eagle_core.worker.loader import resolve_device, resolve_dtype
+    from eagle_core.worker.loader import dtype_name, resolve_device, resolve_dtype
 
     device = resolve_device("auto")  # what _engine's LLM picks
     dtype = resolve_dtype(cfg.dtype, device)
     if wants_int8(cfg.eval.draft_quantization, device, dtype):
         return "int8"
-    return str(dtype).removeprefix("torch.")
+    return dtype_name(dtype)
 
 
 def acceptance(llm, conversations: list[list[dict]], temperature: float, max_tokens: int,

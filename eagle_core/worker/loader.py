@@ -107,6 +107,11 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         raise ModelLoadError(f"unknown dtype {name!r}; choose one of: {choices}") from None
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.bfloat16 -> "bfloat16" (the spelling of --dtype, logs and metric labels)."""
+    return str(dtype).removeprefix("torch.")
+
+
 def _auto_dtype(device: torch.device) -> torch.dtype:
     if device.type == "cuda":
         # Pre-Ampere GPUs emulate bf16 slowly; fp16 is their native half type.

@@ -17,7 +17,7 @@ from eagle_core.spec.drafter import Drafter
 from eagle_core.spec.int8_linear import quantize_linears, wants_int8
 from eagle_core.worker import attention
 from eagle_core.worker.kv_storage import KVStorage
-from eagle_core.worker.loader import load_model
+from eagle_core.worker.loader import dtype_name, load_model
 from eagle_core.worker.model_runner import PlainRunner, TargetModel, kv_shape
 from eagle_core.worker.sampler import Sampler
 from eagle_core.worker.spec_runner import SpecRunner
@@ -55,7 +55,7 @@ class Worker:
             self.runner = PlainRunner(self.target, self.sampler)
         logger.info(
             "model %s on %s (%s); max_model_len %d; KV %d tokens in %d-token blocks",
-            self.model_name, self.device, str(self.dtype).removeprefix("torch."),
+            self.model_name, self.device, dtype_name(self.dtype),
             self.config.model.max_model_len, cache.kv_cache_tokens, cache.block_size,
         )
 
@@ -68,7 +68,7 @@ class Worker:
         if self.device.type != "cpu" or self.dtype != torch.bfloat16:
             raise ModelLoadError(
                 f"draft_quantization int8 needs a bfloat16 model on the CPU (torch's vectorised "
-                f"int8 kernel); this one is {str(self.dtype).removeprefix('torch.')} on "
+                f"int8 kernel); this one is {dtype_name(self.dtype)} on "
                 f"{self.device}: use none"
             )
         # The fc's input mixes raw target hidden states, outlier channels included: see SpecConfig.
@@ -90,7 +90,7 @@ class Worker:
             attn_implementation=attention.ATTN_NAME,
         )
         quantized = self._quantize_draft(spec.draft_quantization)
-        self.draft_weights = "int8" if quantized else str(self.dtype).removeprefix("torch.")
+        self.draft_weights = "int8" if quantized else dtype_name(self.dtype)
         cache = self.config.cache
         drafter = Drafter(
             self.draft_head,
