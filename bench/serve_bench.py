@@ -535,18 +535,16 @@ def request_summary(row: dict) -> dict:
 
 
 def settings_of(args: argparse.Namespace) -> dict:
-    from eagle_core.config import SpecConfig
-    from eagle_core.worker.loader import resolve_device, resolve_dtype
+    from eagle_core.worker.loader import dtype_name, resolve_device, resolve_dtype
+    from eagle_core.worker.worker import default_tree
 
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    try:
-        device = resolve_device(args.device)
-        settings["resolved_device"] = str(device)
-        settings["resolved_dtype"] = str(resolve_dtype(args.dtype, device)).removeprefix("torch.")
-    except Exception:
-        pass
-    spec = SpecConfig()
-    settings["tree"] = {"num_draft_tokens": spec.num_draft_tokens, "depth": spec.depth, "top_k": spec.top_k,
+    device = resolve_device(args.device)  # as the servers will (they fail alike if it is absent)
+    dtype = resolve_dtype(args.dtype, device)
+    settings["resolved_device"] = str(device)
+    settings["resolved_dtype"] = dtype_name(dtype)
+    tokens, depth, top_k = default_tree(device, dtype)  # the servers' tree unless --spec-args sets one
+    settings["tree"] = {"num_draft_tokens": tokens, "depth": depth, "top_k": top_k,
                         "overridden_by_spec_args": bool(args.spec_args)}
     settings["draft"] = str(Path(args.draft).resolve())
     return settings

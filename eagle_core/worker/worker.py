@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from eagle_core.batch import ScheduledBatch, StepResult
-from eagle_core.config import AUTO_DRAFT, DEFAULT_MODEL, EngineConfig
+from eagle_core.config import AUTO_DRAFT, DEFAULT_MODEL, NARROW_TREE, WIDE_TREE, EngineConfig
 from eagle_core.errors import ModelLoadError
 from eagle_core.kv import blocks_needed
 from eagle_core.spec.draft_head import load_draft_head
@@ -17,7 +17,7 @@ from eagle_core.spec.drafter import Drafter
 from eagle_core.spec.int8_linear import quantize_linears, wants_int8
 from eagle_core.worker import attention
 from eagle_core.worker.kv_storage import KVStorage
-from eagle_core.worker.loader import dtype_name, load_model
+from eagle_core.worker.loader import cpu_has_native_bf16, dtype_name, load_model
 from eagle_core.worker.model_runner import PlainRunner, TargetModel, kv_shape
 from eagle_core.worker.sampler import Sampler
 from eagle_core.worker.spec_runner import SpecRunner
@@ -34,7 +34,7 @@ class Worker:
         attention.register()
         loaded = load_model(config.model, attn_implementation=attention.ATTN_NAME)
         config = dataclasses.replace(config, spec=dataclasses.replace(config.spec, draft=resolve_draft(config)))
-        self.config = derive_config(config, loaded.model.config, loaded.dtype)
+        self.config = derive_config(config, loaded.model.config, loaded.dtype, loaded.device)
         self.tokenizer = loaded.tokenizer
         self.model_name = loaded.name
         self.device = loaded.device
@@ -123,8 +123,18 @@ def resolve_draft(config: EngineConfig) -> str | None:
     return None
 
 
-def derive_config(config: EngineConfig, model_config, dtype) -> EngineConfig:
-    """Fill in max_model_len and the KV size in tokens (a new config; the input is frozen)."""
+def default_tree(device: torch.device, dtype: torch.dtype) -> tuple[int, int, int]:
+    """The draft tree (num_draft_tokens, depth, top_k) for unset tree fields: narrow where matmuls
+    run in fp32 or emulated bf16 on a CPU, wide elsewhere (see WIDE_TREE and NARROW_TREE)."""
+    if device.type == "cpu" and not (dtype == torch.bfloat16 and cpu_has_native_bf16()):
+        return NARROW_TREE
+    return WIDE_TREE
+
+
+def derive_config(config: EngineConfig, model_config, dtype, device) -> EngineConfig:
+    """Fill in max_model_len, the KV size in tokens and the draft tree (a new config; the input
+    is frozen)."""
+    spec = config.spec.with_tree(default_tree(device, dtype))
     model_max = getattr(model_config, "max_position_embeddings", None) or _DEFAULT_MAX_MODEL_LEN_CAP
     max_model_len = config.model.max_model_len or min(model_max, _DEFAULT_MAX_MODEL_LEN_CAP)
     if max_model_len > model_max:
@@ -141,7 +151,7 @@ def derive_config(config: EngineConfig, model_config, dtype) -> EngineConfig:
         per_token = KVStorage.bytes_per_token(*kv_shape(model_config), dtype)
         tokens = int(cache.kv_cache_memory_gb * 2**30) // per_token
     tokens = blocks_needed(tokens, cache.block_size) * cache.block_size
-    needed = max_model_len + config.spec.num_draft_tokens
+    needed = max_model_len + spec.num_draft_tokens
     if tokens < needed:
         raise ValueError(
             f"KV budget of {tokens} tokens cannot hold one full-length sequence ({needed} tokens); "
@@ -151,4 +161,5 @@ def derive_config(config: EngineConfig, model_config, dtype) -> EngineConfig:
         config,
         model=dataclasses.replace(config.model, max_model_len=max_model_len),
         cache=dataclasses.replace(cache, kv_cache_tokens=tokens),
+        spec=spec,
     )
