@@ -23,6 +23,9 @@ def machine_info(name: str | None) -> dict:
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "memory_gb": memory_gb(),
+        # VMs of one kind differ here (one exposed AVX512-BF16, a later one did not), and it
+        # decides the dtype, the tree and what every figure means.
+        "cpu_native_bf16": _cpu_native_bf16(),
         "gpu": None,
     }
     try:
@@ -42,7 +45,7 @@ def machine_name(name: str | None) -> str:
 
 def write_result(out_dir: str, stem: str, payload: dict, suffix: str = "") -> Path:
     """Write an in-process benchmark's result to <out_dir>/<stem>-<date>-<machine><suffix>.json,
-    with the versions it ran with; returns the path. An earlier result of the same name is kept:
+    with the versions and the machine it ran on; returns the path. An earlier result of the same name is kept:
     the new one gets -2, -3, ... appended."""
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     name = f"{stem}-{datetime.date.today()}-{machine_name(None)}{suffix}"
@@ -51,8 +54,15 @@ def write_result(out_dir: str, stem: str, payload: dict, suffix: str = "") -> Pa
         if not path.exists():
             break
         path = Path(out_dir) / f"{name}-{n}.json"
-    path.write_text(json.dumps({"versions": versions(), **payload}, indent=1) + "\n")
+    payload = {"versions": versions(), "machine": machine_info(None), **payload}
+    path.write_text(json.dumps(payload, indent=1) + "\n")
     return path
+
+
+def _cpu_native_bf16() -> bool:
+    from eagle_core.worker.loader import cpu_has_native_bf16
+
+    return cpu_has_native_bf16()
 
 
 def cpu_model() -> str:

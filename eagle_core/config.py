@@ -61,10 +61,12 @@ trees. On an H200 the engine is host-bound (no CUDA graphs yet) and larger trees
 there too (docs/benchmarks.md, "On a GPU")."""
 NARROW_TREE = (3, 2, 2)
 """For CPUs computing in fp32 (no native bf16, or asked for): there a forward over 8 rows costs
-~1.3x one over 1-3 rows and each draft forward ~3 ms, so the wide tree ran at 0.95-1.02x of
-plain decoding. Measured on a 2-core Xeon without bf16, fp32, MT-bench questions 11-30, batch 1:
-3/2/2 1.21x (tau 1.61), 3/1/2 1.21x, 2/1/1 1.21-1.22x, 3/2/1 1.19-1.23x, 4/2/2 1.06-1.09x,
-4/1/3 1.00x, 8/3/3 0.95-1.02x (bench/results/tree-sizes-2026-12-01-vm-fp32-*.json)."""
+~1.3x one over 1-3 rows and each draft forward ~3 ms, so the wide tree ran no faster than plain
+decoding. Measured on a 2-core Xeon VM without AVX512-BF16/AMX, fp32, batch 1, T=0, MT-bench
+questions 11-30 (python -m bench.tree_sizes --dtype float32,
+bench/results/tree-sizes-2026-12-01-vm-fp32-q11-30.json): 3/2/2 1.22x (tau 1.63), 3/2/1 1.21x,
+3/1/2 1.24x, 2/1/1 1.24x (tau 1.41), 4/2/2 1.01x, 8/3/3 1.01x (tau 1.94). 3/2/2 keeps the most
+tau of the narrow trees, so a stronger head gains most from it."""
 
 
 @dataclass(frozen=True)
