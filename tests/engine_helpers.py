@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from eagle_core import Engine, EngineConfig, SamplingParams
-from eagle_core.config import WIDE_TREE, CacheConfig, ModelConfig, SchedulerConfig, SpecConfig
+from eagle_core.config import WIDE_SPEC, CacheConfig, ModelConfig, SchedulerConfig, SpecConfig
 
 
 def make_engine(
@@ -28,7 +28,7 @@ def make_engine(
         scheduler=dataclasses.replace(SchedulerConfig(), **sched),
         # Tests of speculation want trees whatever the batch size (no load-based fallback), and
         # the wide tree unless they pass one: the fp32 CPU default is a small one.
-        spec=dataclasses.replace((spec or SpecConfig()).with_tree(WIDE_TREE), draft=draft, max_batch=0),
+        spec=dataclasses.replace((spec or SpecConfig()).with_defaults(WIDE_SPEC), draft=draft, max_batch=0),
     )
     return Engine(config)
 

@@ -104,10 +104,10 @@ def draft_weights(cfg: TrainConfig) -> str:
 
 def eval_tree(cfg: TrainConfig) -> dict:
     """The draft tree _engine runs: the server's default for this machine's hardware."""
-    from eagle_core.worker.worker import default_tree
+    from eagle_core.worker.worker import spec_defaults
 
-    tokens, depth, top_k = default_tree(*_device_dtype(cfg))
-    return {"num_draft_tokens": tokens, "depth": depth, "top_k": top_k}
+    defaults = spec_defaults(*_device_dtype(cfg))
+    return {"num_draft_tokens": defaults.num_draft_tokens, "depth": defaults.depth, "top_k": defaults.top_k}
 
 
 def acceptance(llm, conversations: list[list[dict]], temperature: float, max_tokens: int,

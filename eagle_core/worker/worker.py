@@ -9,7 +9,14 @@ from pathlib import Path
 import torch
 
 from eagle_core.batch import ScheduledBatch, StepResult
-from eagle_core.config import AUTO_DRAFT, DEFAULT_MODEL, NARROW_TREE, WIDE_TREE, EngineConfig
+from eagle_core.config import (
+    AUTO_DRAFT,
+    DEFAULT_MODEL,
+    NARROW_SPEC,
+    WIDE_SPEC,
+    EngineConfig,
+    SpecDefaults,
+)
 from eagle_core.errors import ModelLoadError
 from eagle_core.kv import blocks_needed
 from eagle_core.spec.draft_head import load_draft_head
@@ -123,18 +130,19 @@ def resolve_draft(config: EngineConfig) -> str | None:
     return None
 
 
-def default_tree(device: torch.device, dtype: torch.dtype) -> tuple[int, int, int]:
-    """The draft tree (num_draft_tokens, depth, top_k) for unset tree fields: narrow where matmuls
-    run in fp32 or emulated bf16 on a CPU, wide elsewhere (see WIDE_TREE and NARROW_TREE)."""
+def spec_defaults(device: torch.device, dtype: torch.dtype) -> SpecDefaults:
+    """The tree and batch limit for unset spec fields: narrow trees at batch 1 where a CPU's
+    matmuls run in fp32 (or emulated bf16), wide trees up to batch 4 elsewhere (see WIDE_SPEC
+    and NARROW_SPEC)."""
     if device.type == "cpu" and not (dtype == torch.bfloat16 and cpu_has_native_bf16()):
-        return NARROW_TREE
-    return WIDE_TREE
+        return NARROW_SPEC
+    return WIDE_SPEC
 
 
 def derive_config(config: EngineConfig, model_config, dtype, device) -> EngineConfig:
-    """Fill in max_model_len, the KV size in tokens and the draft tree (a new config; the input
-    is frozen)."""
-    spec = config.spec.with_tree(default_tree(device, dtype))
+    """Fill in max_model_len, the KV size in tokens, the draft tree and the speculation batch
+    limit (a new config; the input is frozen)."""
+    spec = config.spec.with_defaults(spec_defaults(device, dtype))
     model_max = getattr(model_config, "max_position_embeddings", None) or _DEFAULT_MAX_MODEL_LEN_CAP
     max_model_len = config.model.max_model_len or min(model_max, _DEFAULT_MAX_MODEL_LEN_CAP)
     if max_model_len > model_max:

@@ -9,8 +9,8 @@ from transformers import LlamaConfig
 
 from eagle_core.config import (
     AUTO_DRAFT,
-    NARROW_TREE,
-    WIDE_TREE,
+    NARROW_SPEC,
+    WIDE_SPEC,
     CacheConfig,
     EngineConfig,
     ModelConfig,
@@ -42,36 +42,37 @@ def test_explicit_choices_are_kept():
     assert worker.resolve_draft(config("smollm2", "/heads/mine")) == "/heads/mine"
 
 
-# ---- the draft tree: unset fields take the hardware's default
+# ---- the draft tree and batch limit: unset fields take the hardware's defaults
 
-def test_unset_tree_fields_take_the_given_tree_and_set_ones_stay():
-    assert SpecConfig().with_tree((8, 3, 3)) == SpecConfig(num_draft_tokens=8, depth=3, top_k=3)
-    mixed = SpecConfig(num_draft_tokens=12, top_k=1).with_tree((3, 2, 2))
-    assert (mixed.num_draft_tokens, mixed.depth, mixed.top_k) == (12, 2, 1)
+def test_unset_fields_take_the_defaults_and_set_ones_stay():
+    assert SpecConfig().with_defaults(WIDE_SPEC) == SpecConfig(num_draft_tokens=8, depth=3, top_k=3, max_batch=4)
+    mixed = SpecConfig(num_draft_tokens=12, top_k=1, max_batch=0).with_defaults(NARROW_SPEC)
+    assert (mixed.num_draft_tokens, mixed.depth, mixed.top_k, mixed.max_batch) == (12, 2, 1, 0)
 
 
-def test_tree_fields_below_one_are_rejected():
-    with pytest.raises(ValueError, match="depth must be at least 1"):
-        SpecConfig(depth=0)
+@pytest.mark.parametrize(("field", "value"), [("depth", 0), ("num_draft_tokens", 0), ("max_batch", -1)])
+def test_out_of_range_fields_are_rejected(field, value):
+    with pytest.raises(ValueError, match=f"{field} must be at least"):
+        SpecConfig(**{field: value})
 
 
 @pytest.mark.parametrize(
-    ("device", "dtype", "native_bf16", "tree"),
+    ("device", "dtype", "native_bf16", "defaults"),
     [
-        ("cuda", torch.bfloat16, False, WIDE_TREE),
-        ("cuda", torch.float16, False, WIDE_TREE),
-        ("cpu", torch.bfloat16, True, WIDE_TREE),
-        ("cpu", torch.bfloat16, False, NARROW_TREE),  # emulated bf16
-        ("cpu", torch.float32, True, NARROW_TREE),
-        ("cpu", torch.float32, False, NARROW_TREE),
+        ("cuda", torch.bfloat16, False, WIDE_SPEC),
+        ("cuda", torch.float16, False, WIDE_SPEC),
+        ("cpu", torch.bfloat16, True, WIDE_SPEC),
+        ("cpu", torch.bfloat16, False, NARROW_SPEC),  # emulated bf16
+        ("cpu", torch.float32, True, NARROW_SPEC),
+        ("cpu", torch.float32, False, NARROW_SPEC),
     ],
 )
-def test_default_tree_is_narrow_where_a_cpu_computes_without_native_bf16(monkeypatch, device, dtype, native_bf16, tree):
+def test_defaults_are_narrow_where_a_cpu_computes_without_native_bf16(monkeypatch, device, dtype, native_bf16, defaults):
     monkeypatch.setattr(worker, "cpu_has_native_bf16", lambda: native_bf16)
-    assert worker.default_tree(torch.device(device), dtype) == tree
+    assert worker.spec_defaults(torch.device(device), dtype) == defaults
 
 
-def test_derived_config_fills_the_tree_and_reserves_its_slots():
+def test_derived_config_fills_the_defaults_and_reserves_the_tree_slots():
     model_config = LlamaConfig(num_hidden_layers=1, hidden_size=64, num_attention_heads=4,
                                max_position_embeddings=256)
     cpu = torch.device("cpu")
@@ -81,6 +82,6 @@ def test_derived_config_fills_the_tree_and_reserves_its_slots():
         return worker.derive_config(EngineConfig(cache=cache, spec=spec), model_config, torch.float32, cpu)
 
     spec = derive(SpecConfig()).spec
-    assert (spec.num_draft_tokens, spec.depth, spec.top_k) == NARROW_TREE  # 3 slots fit
+    assert (spec.num_draft_tokens, spec.depth, spec.top_k, spec.max_batch) == NARROW_SPEC  # 3 slots fit
     with pytest.raises(ValueError, match="cannot hold one full-length sequence"):
         derive(SpecConfig(num_draft_tokens=8))  # an explicit size survives, and needs 8

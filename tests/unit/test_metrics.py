@@ -15,7 +15,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from eagle_core.config import NARROW_TREE, WIDE_TREE, EngineConfig, SpecConfig
+from eagle_core.config import NARROW_SPEC, WIDE_SPEC, EngineConfig, SpecConfig
 from eagle_core.outputs import RequestOutput
 from server import errors
 from server.metrics import (
@@ -297,7 +297,7 @@ def test_acceptance_length_buckets_are_the_integers():
     """An acceptance length is an integer 1..depth+1: one edge per integer makes each bucket
     hold exactly one value, so the heatmap shows the true distribution."""
     assert ACCEPTANCE_LENGTH_BUCKETS == tuple(float(k) for k in range(1, 17))
-    assert max(WIDE_TREE[1], NARROW_TREE[1]) + 1 <= ACCEPTANCE_LENGTH_BUCKETS[-1]
+    assert max(WIDE_SPEC.depth, NARROW_SPEC.depth) + 1 <= ACCEPTANCE_LENGTH_BUCKETS[-1]
 
 
 def test_token_count_buckets_reach_long_contexts():
