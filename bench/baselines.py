@@ -31,13 +31,13 @@ class HFGenerate:
 
     def __init__(self, model: str, dtype: str, device: str):
         from eagle_core.config import ModelConfig
-        from eagle_core.worker.loader import load_model
+        from eagle_core.worker.loader import dtype_name, load_model
 
         loaded = load_model(ModelConfig(model=model, dtype=dtype, device=device))
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.device = loaded.device
-        self.dtype = str(loaded.dtype).removeprefix("torch.")
+        self.dtype = dtype_name(loaded.dtype)
         self.source = loaded.source
 
     def run(self, prompt_id: str, prompt_ids: list[int], max_tokens: int, ignore_eos: bool = False) -> GenerateRun:
