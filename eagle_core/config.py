@@ -51,6 +51,7 @@ class SchedulerConfig:
 
 DRAFT_QUANTIZATIONS = ("auto", "int8", "none")
 
+
 class SpecDefaults(NamedTuple):
     """What SpecConfig's unset tree and batch fields become on a given kind of hardware: which
     tree pays, and up to which batch size, depends on what a wider verify forward and each draft
