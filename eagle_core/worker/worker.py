@@ -110,9 +110,10 @@ class Worker:
         )
         self.num_draft_slots = spec.num_draft_tokens - 1
         logger.info(
-            "EAGLE draft head %s (%s%s): tree of %d tokens, depth %d, top-k %d",
+            "EAGLE draft head %s (%s%s): tree of %d tokens, depth %d, top-k %d; speculating while %s",
             spec.draft, self.draft_head.kind, ", int8 weights" if quantized else "",
             spec.num_draft_tokens, spec.depth, spec.top_k,
+            f"at most {spec.max_batch} sequences run" if spec.max_batch else "any number of sequences run",
         )
         return SpecRunner(self.target, self.sampler, drafter)
 
