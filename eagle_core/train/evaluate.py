@@ -41,6 +41,11 @@ def mtbench_first_turns() -> list[str]:
     return [row["turns"][0] for row in _mtbench_rows()]
 
 
+def mtbench_categories() -> list[str]:
+    """Each question's category (writing, roleplay, ...), in the order of mtbench_first_turns."""
+    return [row["category"] for row in _mtbench_rows()]
+
+
 def mtbench_turns() -> list[str]:
     """Every turn of every question (what model-written training prompts must not overlap)."""
     return [turn for row in _mtbench_rows() for turn in row["turns"]]
@@ -111,7 +116,9 @@ def eval_tree(cfg: TrainConfig) -> dict:
 
 
 def acceptance(llm, conversations: list[list[dict]], temperature: float, max_tokens: int,
-               seed: int) -> dict:
+               seed: int, groups: list[str] | None = None) -> dict:
+    """tau and depth rates over all conversations; with `groups` (a label per conversation), tau
+    per label too, so the weakest kinds of prompt show."""
     from eagle_core import SamplingParams
 
     counters = llm.engine.spec_counters
@@ -123,7 +130,7 @@ def acceptance(llm, conversations: list[list[dict]], temperature: float, max_tok
     emitted = sum(o.spec.num_emitted_tokens for o in outs)
     drafts = counters.num_drafts - before[0]
     reached = [a - b for a, b in zip(counters.accepted_per_position, before[1])]
-    return {
+    result = {
         "num_prompts": len(outs),
         "num_tokens": sum(len(o.token_ids) for o in outs),
         "tau": emitted / max(1, steps),
@@ -131,6 +138,14 @@ def acceptance(llm, conversations: list[list[dict]], temperature: float, max_tok
         "accepted_depth_rate": [r / max(1, drafts) for r in reached],
         "wall_s": time.time() - start,
     }
+    if groups is not None:
+        totals: dict[str, list[int]] = {}  # label -> [emitted, steps]
+        for label, out in zip(groups, outs, strict=True):
+            total = totals.setdefault(label, [0, 0])
+            total[0] += out.spec.num_emitted_tokens
+            total[1] += out.spec.num_steps
+        result["tau_by_group"] = {label: e / max(1, s) for label, (e, s) in totals.items()}
+    return result
 
 
 def speed(cfg: TrainConfig, head: str, questions: list[str], max_tokens: int) -> dict:
@@ -170,6 +185,7 @@ def evaluate_head(cfg: TrainConfig, head: str, out_dir: str, sets: tuple[str, ..
         "heldout": [r["prompt"] for r in heldout][: ec.num_heldout],
         "mtbench": mtbench_first_turns()[: ec.num_mtbench],
     }
+    groups = {"mtbench": mtbench_categories()[: ec.num_mtbench]}
     tree = eval_tree(cfg)
     report: dict = {"head": head, "tree": tree, "results": {}}
     report["draft_weights"] = draft_weights(cfg)
@@ -186,7 +202,7 @@ def evaluate_head(cfg: TrainConfig, head: str, out_dir: str, sets: tuple[str, ..
             key = f"{name}_T{temperature:g}"
             path = os.path.join(out_dir, f"{key}.json")
             fp = fingerprint(weights, {**common, "set": key, "prompts": len(prompts[name]),
-                                    "max_tokens": ec.max_tokens, "seed": ec.seed})
+                                    "max_tokens": ec.max_tokens, "seed": ec.seed, "by_group": name in groups})
             cached = _cached(path, fp)
             if cached is not None:
                 report["results"][key] = cached
@@ -194,7 +210,7 @@ def evaluate_head(cfg: TrainConfig, head: str, out_dir: str, sets: tuple[str, ..
             if llm is None:
                 llm = _engine(cfg, head)
             convs = [conversation(cfg, p) for p in prompts[name]]
-            result = acceptance(llm, convs, temperature, ec.max_tokens, ec.seed)
+            result = acceptance(llm, convs, temperature, ec.max_tokens, ec.seed, groups.get(name))
             result["fingerprint"] = fp
             logger.info("%s: tau %.3f, depth rates %s", key, result["tau"],
                         " ".join(f"{r:.2f}" for r in result["accepted_depth_rate"][:6]))
@@ -224,6 +240,10 @@ def to_markdown(report: dict) -> str:
         name, _, t = key.rpartition("_T")
         depth = " / ".join(f"{x:.2f}" for x in r["accepted_depth_rate"][:5])
         lines.append(f"| {name} | {t} | {r['num_prompts']} | {r['num_tokens']} | {r['tau']:.2f} | {depth} |")
+    for key, r in report["results"].items():
+        if r.get("tau_by_group"):
+            by_group = ", ".join(f"{label} {tau:.2f}" for label, tau in r["tau_by_group"].items())
+            lines += ["", f"tau by category, {key}: {by_group}"]
     if "speed" in report:
         s = report["speed"]
         lines += ["", f"Batch-1 decode (T=0, {s['num_prompts']} MT-bench questions, {s['max_tokens']} "
