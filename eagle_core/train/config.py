@@ -123,6 +123,13 @@ class EvalConfig:
     seed: int = 0
     draft_quantization: str = "auto"
     """As the server's --draft-quantization; "none" measures the head in the model dtype."""
+    tree: tuple[int, ...] | None = None
+    """(num_draft_tokens, depth, top_k) to measure with; None: the server's default on this
+    machine, which differs between CPUs with and without native bf16 (config.SpecDefaults)."""
+
+    def __post_init__(self) -> None:
+        if self.tree is not None and (len(self.tree) != 3 or min(self.tree) < 1):
+            raise ValueError(f"eval.tree must be [num_draft_tokens, depth, top_k], each >= 1; got {list(self.tree)}")
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,8 @@ def _engine(cfg: TrainConfig, draft: str | None, max_num_seqs: int = 32):
     # (max_batch=0); draft=None really means plain decoding (not the shipped head).
     config = EngineConfig(
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024),
-        spec=SpecConfig(draft=draft, max_batch=0, draft_quantization=cfg.eval.draft_quantization),
+        spec=SpecConfig(draft=draft, max_batch=0, draft_quantization=cfg.eval.draft_quantization,
+                        **eval_tree(cfg)),
     )
     return LLM(model=cfg.model, dtype=cfg.dtype, config=config)
 
@@ -108,11 +109,11 @@ def draft_weights(cfg: TrainConfig) -> str:
 
 
 def eval_tree(cfg: TrainConfig) -> dict:
-    """The draft tree _engine runs: the server's default for this machine's hardware."""
+    """The draft tree _engine runs: eval.tree, else the server's default for this machine."""
     from eagle_core.worker.worker import spec_defaults
 
-    defaults = spec_defaults(*_device_dtype(cfg))
-    return {"num_draft_tokens": defaults.num_draft_tokens, "depth": defaults.depth, "top_k": defaults.top_k}
+    tree = cfg.eval.tree or spec_defaults(*_device_dtype(cfg))[:3]
+    return dict(zip(("num_draft_tokens", "depth", "top_k"), tree, strict=True))
 
 
 def acceptance(llm, conversations: list[list[dict]], temperature: float, max_tokens: int,

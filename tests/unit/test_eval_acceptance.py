@@ -43,3 +43,23 @@ def test_groups_must_label_every_prompt():
     convs = [[{"role": "user", "content": str(i)}] for i in range(2)]
     with pytest.raises(ValueError):
         acceptance(llm, convs, 0.0, 96, 0, groups=["writing"])
+
+
+def test_eval_tree_is_the_configured_one_or_the_machines_default(monkeypatch):
+    from eagle_core.config import NARROW_SPEC
+    from eagle_core.train import evaluate
+    from eagle_core.train.config import EvalConfig, TrainConfig
+    from eagle_core.worker import worker
+
+    assert evaluate.eval_tree(TrainConfig(eval=EvalConfig(tree=(8, 3, 3)))) == {
+        "num_draft_tokens": 8, "depth": 3, "top_k": 3}
+    monkeypatch.setattr(worker, "spec_defaults", lambda device, dtype: NARROW_SPEC)
+    assert evaluate.eval_tree(TrainConfig()) == {"num_draft_tokens": 3, "depth": 2, "top_k": 2}
+
+
+@pytest.mark.parametrize("tree", [(8, 3), (8, 0, 3)])
+def test_a_malformed_eval_tree_is_rejected(tree):
+    from eagle_core.train.config import EvalConfig
+
+    with pytest.raises(ValueError, match="eval.tree"):
+        EvalConfig(tree=tree)
