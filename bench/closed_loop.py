@@ -1,12 +1,14 @@
 """Closed-loop clients in one process: the server's sweep without HTTP, interleaved.
 
     .venv/bin/python -m bench.closed_loop [--concurrency 2 4] [--rounds 4] [--per-round 6]
+        [--spec-max-batch N]
 
 Each of C "clients" keeps one request in flight: as soon as an answer ends (EOS or --max-tokens),
 the next MT-bench first turn is added, as `bench.serve_bench`'s concurrency sweep does over HTTP.
 Answers end at different times, so the running count dips below C and, with the default
 --spec-max-batch, the EAGLE engine speculates in those gaps and decodes plainly otherwise. Two
-engines on the same model (plain, and EAGLE with the server's defaults); each round runs the
+engines on the same model (plain, and EAGLE with the server's defaults, or with
+--spec-max-batch); each round runs the
 same --per-round questions through both, the order alternating. Comparing this with the HTTP
 sweep separates the engine's behaviour from the server's. Writes
 bench/results/closed-loop-<date>-<machine>.json.
@@ -53,12 +55,15 @@ def main() -> None:
     parser.add_argument("--per-round", type=int, default=6, help="questions per round")
     parser.add_argument("--first", type=int, default=10, help="index of the first MT-bench question")
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--spec-max-batch", type=int, default=None,
+                        help="the EAGLE engine's --spec-max-batch (default: the hardware's)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
 
     engines = {
         "plain": LLM(args.model, dtype=args.dtype, draft=None),
-        "eagle": LLM(args.model, dtype=args.dtype, config=EngineConfig(spec=SpecConfig(draft=args.draft))),
+        "eagle": LLM(args.model, dtype=args.dtype,
+                     config=EngineConfig(spec=SpecConfig(draft=args.draft, max_batch=args.spec_max_batch))),
     }
     warm = SamplingParams(temperature=0, max_tokens=8)
     for llm in engines.values():
