@@ -7,9 +7,9 @@ Each of C "clients" keeps one request in flight: as soon as an answer ends (EOS 
 the next MT-bench first turn is added, as `bench.serve_bench`'s concurrency sweep does over HTTP.
 Answers end at different times, so the running count dips below C and, with the default
 --spec-max-batch, the EAGLE engine speculates in those gaps and decodes plainly otherwise. Two
-engines on the same model (plain, and EAGLE with the server's defaults, or with
---spec-max-batch); each round runs the
-same --per-round questions through both, the order alternating. Comparing this with the HTTP
+engines on the same model (plain, and EAGLE with the server's defaults or the given
+--spec-max-batch); each round runs the same --per-round questions through both, the order
+alternating. Comparing this with the HTTP
 sweep separates the engine's behaviour from the server's. Writes
 bench/results/closed-loop-<date>-<machine>.json.
 """
@@ -23,6 +23,7 @@ from bench.environment import write_result
 from bench.workloads import mt_bench_questions
 from eagle_core import LLM, EngineConfig, SamplingParams
 from eagle_core.config import SpecConfig
+from eagle_core.worker.loader import dtype_name
 
 
 def closed_loop(llm: LLM, prompts: list[str], concurrency: int, params: SamplingParams, tag: str) -> dict:
@@ -92,7 +93,7 @@ def main() -> None:
               f"{row['eagle_vs_plain']:.2f}x ({row['eagle_drafted_steps']} drafted sequence-steps)", flush=True)
     spec = engines["eagle"].engine.config.spec
     settings = {**vars(args), "tree": [spec.num_draft_tokens, spec.depth, spec.top_k], "spec_max_batch": spec.max_batch,
-                "dtype_resolved": str(engines["eagle"].engine.worker.dtype)}
+                "dtype_resolved": dtype_name(engines["eagle"].engine.worker.dtype)}
     out = write_result(args.out, "closed-loop", {"settings": settings, "rows": rows})
     print(f"wrote {out}")
 

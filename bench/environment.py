@@ -16,6 +16,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def machine_info(name: str | None) -> dict:
+    from eagle_core.worker.loader import cpu_has_native_bf16
+
     info = {
         "name": machine_name(name),
         "hostname": socket.gethostname(),
@@ -25,7 +27,7 @@ def machine_info(name: str | None) -> dict:
         "memory_gb": memory_gb(),
         # VMs of one kind differ here (one exposed AVX512-BF16, a later one did not), and it
         # decides the dtype, the tree and what every figure means.
-        "cpu_native_bf16": _cpu_native_bf16(),
+        "cpu_native_bf16": cpu_has_native_bf16(),
         "gpu": None,
     }
     try:
@@ -57,12 +59,6 @@ def write_result(out_dir: str, stem: str, payload: dict, suffix: str = "") -> Pa
     payload = {"versions": versions(), "machine": machine_info(None), **payload}
     path.write_text(json.dumps(payload, indent=1) + "\n")
     return path
-
-
-def _cpu_native_bf16() -> bool:
-    from eagle_core.worker.loader import cpu_has_native_bf16
-
-    return cpu_has_native_bf16()
 
 
 def cpu_model() -> str:

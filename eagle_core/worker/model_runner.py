@@ -23,7 +23,7 @@ def kv_shape(config) -> tuple[int, int, int]:
 # (1 row: 4.6 ms). Verifying a batch-1 tree of 8 nodes lands right in that range, so on a CPU in
 # fp32 such row counts are padded to 16: the same logits up to fp32 rounding, 5 ms less per
 # step there (14.2 -> 9.3 ms).
-_SLOW_FP32_ROWS = (7, 16)
+_SLOW_FP32_ROWS_FROM, _PADDED_ROWS = 7, 16
 
 
 class TargetModel:
@@ -63,8 +63,8 @@ class TargetModel:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, hidden] -> [R, vocab] float32."""
         rows = hidden.shape[0]
-        if self._pad_lm_head_rows and _SLOW_FP32_ROWS[0] <= rows < _SLOW_FP32_ROWS[1]:
-            padded = hidden.new_zeros(_SLOW_FP32_ROWS[1], hidden.shape[1])  # [16, hidden]
+        if self._pad_lm_head_rows and _SLOW_FP32_ROWS_FROM <= rows < _PADDED_ROWS:
+            padded = hidden.new_zeros(_PADDED_ROWS, hidden.shape[1])  # [16, hidden]
             padded[:rows] = hidden
             return self.lm_head(padded)[:rows].float()
         return self.lm_head(hidden).float()
