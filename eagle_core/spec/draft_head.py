@@ -1,6 +1,7 @@
 """EAGLE draft heads (EAGLE-1/2 and EAGLE-3) and their checkpoints.
 
-Both heads are one Llama decoder layer fed with the target's own features:
+Both heads are a Llama decoder layer fed with the target's own features (an EAGLE-3 head may
+stack more plain decoder layers after it, see `Eagle3Head`):
 
 - `EagleHead` (EAGLE-1/2): input at position i is concat(embed(token i+1), f_i) -> fc (2h -> h)
   -> a Llama decoder layer without its input norm -> predicted feature f_{i+1}. f_i is the
@@ -77,8 +78,10 @@ def eagle3_layer_ids(num_layers: int) -> tuple[int, int, int]:
     raise ValueError(f"EAGLE-3 needs a target with at least 3 layers, got {num_layers}")
 
 
-def draft_config_from_target(target_config: Any, **overrides: Any) -> LlamaConfig:
-    """A one-layer Llama config shaped like the target's decoder layers (the usual head shape)."""
+def draft_config_from_target(
+    target_config: Any, num_layers: int = 1, **overrides: Any
+) -> LlamaConfig:
+    """A Llama config shaped like the target's decoder layers; one layer is the usual head."""
     hidden = target_config.hidden_size
     heads = target_config.num_attention_heads
     fields: dict[str, Any] = {
@@ -97,7 +100,7 @@ def draft_config_from_target(target_config: Any, **overrides: Any) -> LlamaConfi
         ),
     }
     fields.update(overrides)
-    return LlamaConfig(num_hidden_layers=1, attention_bias=False, mlp_bias=False, **fields)
+    return LlamaConfig(num_hidden_layers=num_layers, attention_bias=False, mlp_bias=False, **fields)
 
 
 class _DraftHeadBase(nn.Module):
@@ -115,6 +118,11 @@ class _DraftHeadBase(nn.Module):
     @property
     def hidden_size(self) -> int:
         return self.config.hidden_size
+
+    @property
+    def num_layers(self) -> int:
+        """Decoder layers, each with its own KV (layer_idx 0 .. num_layers - 1)."""
+        return self.config.num_hidden_layers
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self._target_embedding(input_ids)
@@ -230,7 +238,11 @@ class Eagle3DecoderLayer(nn.Module):
 
 
 class Eagle3Head(_DraftHeadBase):
-    """EAGLE-3 draft head: fused target layers, own final norm and reduced-vocabulary LM head."""
+    """EAGLE-3 draft head: fused target layers, own final norm and reduced-vocabulary LM head.
+
+    `config.num_hidden_layers` > 1 stacks plain Llama decoder layers (`extra_layers`, input norm
+    included, layer_idx + 1, + 2, ...) after the EAGLE-3 layer: more capacity for a small head at
+    one more layer's cost per draft forward. The last layer's output is the fed-back feature."""
 
     kind = "eagle3"
 
@@ -262,6 +274,9 @@ class Eagle3Head(_DraftHeadBase):
             self.embed_tokens = nn.Embedding(vocab, hidden)
         self.fc = nn.Linear(3 * target_hidden, hidden, bias=fc_bias)
         self.midlayer = Eagle3DecoderLayer(config, layer_idx, qkv_bias=qkv_bias)
+        self.extra_layers = nn.ModuleList(
+            LlamaDecoderLayer(config, layer_idx + i) for i in range(1, config.num_hidden_layers)
+        )
         self.norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
         self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
@@ -331,13 +346,21 @@ class Eagle3Head(_DraftHeadBase):
                 f"features) nor {self.hidden_size} (the head's own output)"
             )
         position_embeddings = self._position_embeddings(hidden, position_ids)
-        return self.midlayer(
+        hidden = self.midlayer(
             self.embed(input_ids).to(dtype),
             hidden,
             position_embeddings,
             position_ids=position_ids,
             **attn_kwargs,
         )
+        for layer in self.extra_layers:
+            hidden = layer(
+                hidden,
+                position_ids=position_ids,
+                position_embeddings=position_embeddings,
+                **attn_kwargs,
+            )
+        return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[*, h] -> [*, draft_vocab]; map sampled ids with `draft_to_target`."""
@@ -363,7 +386,7 @@ def save_draft_head(head: EagleHead | Eagle3Head, path: str) -> None:
     os.makedirs(path, exist_ok=True)
     config = head.config
     out: dict[str, Any] = {name: getattr(config, name) for name in _CONFIG_FIELDS}
-    out["num_hidden_layers"] = 1
+    out["num_hidden_layers"] = head.num_layers
     out["bias"] = head.fc.bias is not None
     attn = head.layers[0].self_attn if isinstance(head, EagleHead) else head.midlayer.self_attn
     out["qkv_bias"] = attn.q_proj.bias is not None
@@ -402,12 +425,18 @@ def load_draft_head(
     state_dict = _read_weights(path)
     ours = raw.get("eagle_serve")
     kind = _detect_kind(path, ours, state_dict)
-    config = _llama_config(raw, attn_implementation)
+    num_layers = raw.get("num_hidden_layers", 1)
     _check(
-        raw.get("num_hidden_layers", 1) == 1,
+        isinstance(num_layers, int) and num_layers >= 1,
         path,
-        f"draft head has {raw.get('num_hidden_layers')} decoder layers; only 1 is supported",
+        f"draft head num_hidden_layers must be a positive integer, got {num_layers!r}",
     )
+    _check(
+        num_layers == 1 or kind == "eagle3",
+        path,
+        f"draft head has {num_layers} decoder layers; EAGLE-1/2 heads have exactly 1",
+    )
+    config = _llama_config(raw, num_layers, attn_implementation)
     head: EagleHead | Eagle3Head
     if kind == "eagle1":
         head = _build_eagle1(
@@ -531,13 +560,15 @@ def _eagle3_layer_ids_from(raw: dict[str, Any], num_layers: int) -> tuple[int, .
     return eagle3_layer_ids(num_layers)
 
 
-def _llama_config(raw: dict[str, Any], attn_implementation: str) -> LlamaConfig:
+def _llama_config(raw: dict[str, Any], num_layers: int, attn_implementation: str) -> LlamaConfig:
     fields = {
         k: v for k, v in raw.items() if k in _CONFIG_FIELDS or k in ("rope_theta", "rope_scaling")
     }
     if fields.get("head_dim") is None:
         fields.pop("head_dim", None)
-    config = LlamaConfig(num_hidden_layers=1, attention_bias=False, mlp_bias=False, **fields)
+    config = LlamaConfig(
+        num_hidden_layers=num_layers, attention_bias=False, mlp_bias=False, **fields
+    )
     config._attn_implementation = attn_implementation
     return config
 

@@ -1,9 +1,9 @@
 """Batched EAGLE-2 drafting with the draft head's own paged KV.
 
 Alignment: the draft head's entry at position p reads (token p+1, target feature f_p) and
-predicts f_{p+1}, whose logits propose token p+2. Its KV lives in a separate one-layer
-`KVStorage` addressed by the SAME block tables as the target's, so the scheduler's blocks cover
-both. A step drafts in two phases, before the target forward:
+predicts f_{p+1}, whose logits propose token p+2. Its KV lives in a separate `KVStorage`
+(a layer per head layer) addressed by the SAME block tables as the target's, so the scheduler's
+blocks cover both. A step drafts in two phases, before the target forward:
 
 1. catch-up: every sequence that drafts this step feeds the entries it owes (positions whose
    target features arrived in earlier steps: a prefill chunk, or the root plus accepted tokens),
@@ -28,6 +28,7 @@ from eagle_core.kv import blocks_needed
 from eagle_core.spec.tree import CandidatePool, DraftTree, expand_frontier
 from eagle_core.worker.inputs import SeqInput, build_inputs
 from eagle_core.worker.kv_storage import KVStorage
+from eagle_core.worker.model_runner import kv_shape
 
 
 @dataclass
@@ -65,11 +66,8 @@ class Drafter:
         self.scratch_blocks = blocks_needed(tree_entries, block_size) + 1
         self.scratch_start = num_pool_blocks
         total_blocks = num_pool_blocks + max_num_seqs * self.scratch_blocks
-        attn = head.layers[0].self_attn if hasattr(head, "layers") else head.midlayer.self_attn
-        num_kv_heads = attn.config.num_key_value_heads
-        self.kv = KVStorage(
-            1, total_blocks * block_size, num_kv_heads, attn.head_dim, dtype, device
-        )
+        num_layers, num_kv_heads, head_dim = kv_shape(head.config)
+        self.kv = KVStorage(num_layers, total_blocks * block_size, num_kv_heads, head_dim, dtype, device)
         self.states: dict[str, DraftState] = {}
 
     # ---- state --------------------------------------------------------------------------

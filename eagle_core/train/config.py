@@ -73,6 +73,9 @@ class TrainerConfig:
     kind: str = "eagle3"
     """"eagle3" (multi-step training-time test, reduced draft vocabulary) or "eagle1"."""
     draft_vocab_size: int = 8192
+    num_layers: int = 1
+    """Decoder layers of the head (EAGLE-3's own first, then plain Llama layers). A warm start
+    from a head with fewer layers grows it: the new layers start as identities."""
     ttt_steps: int = 3
     """Unrolled draft steps per position (EAGLE-3 training-time test); 1 = single step."""
     step_decay: float = 0.8
@@ -109,6 +112,10 @@ class TrainerConfig:
     snapshot_fractions: tuple[float, ...] = ()
     """Also save the head (with validation accuracy) after these fractions of the run, e.g.
     (0.25, 0.5): in a one-epoch run, heads that have seen 25% and 50% of the data."""
+
+    def __post_init__(self) -> None:
+        if self.num_layers < 1:
+            raise ValueError(f"trainer.num_layers must be >= 1, got {self.num_layers}")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ target top-1 tokens of the training data. Training resumes from `<work_dir>/trai
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -160,11 +161,10 @@ def ttt_mask(num_tokens: int, step: int) -> torch.Tensor:
     return torch.cat(blocks, dim=1)
 
 
-def _layer_forward(layer, embeds, hidden, cos, sin, past, mask):
-    """Eagle3DecoderLayer.forward with extra key/value blocks `past` (list of (k, v))."""
-    attn = layer.self_attn
-    residual = hidden
-    x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
+def _attend(attn, x, cos, sin, past, mask):
+    """A Llama attention over x's own keys/values plus earlier blocks `past` (list of (k, v));
+    returns (output, this block's (k, v)). Written out because the unrolled steps attend keys
+    of earlier steps, which transformers' attention modules cannot be handed."""
     shape = (*x.shape[:-1], -1, attn.head_dim)
     q = attn.q_proj(x).view(shape).transpose(1, 2)
     k = attn.k_proj(x).view(shape).transpose(1, 2)
@@ -176,9 +176,22 @@ def _layer_forward(layer, embeds, hidden, cos, sin, past, mask):
     keys = keys.repeat_interleave(groups, dim=1)
     values = values.repeat_interleave(groups, dim=1)
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
-    out = attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
-    x = residual + out
-    return x + layer.mlp(layer.post_attention_layernorm(x)), (k, v)
+    return attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1)), (k, v)
+
+
+def _layer_forward(layer, embeds, hidden, cos, sin, past, mask):
+    """Eagle3DecoderLayer.forward with extra key/value blocks `past` (list of (k, v))."""
+    x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
+    out, kv = _attend(layer.self_attn, x, cos, sin, past, mask)
+    x = hidden + out
+    return x + layer.mlp(layer.post_attention_layernorm(x)), kv
+
+
+def _extra_layer_forward(layer, hidden, cos, sin, past, mask):
+    """LlamaDecoderLayer.forward (a head's `extra_layers`) with extra key/value blocks `past`."""
+    out, kv = _attend(layer.self_attn, layer.input_layernorm(hidden), cos, sin, past, mask)
+    x = hidden + out
+    return x + layer.mlp(layer.post_attention_layernorm(x)), kv
 
 
 def ttt_forward(head: Eagle3Head, batch: dict[str, torch.Tensor], steps: int):
@@ -189,14 +202,18 @@ def ttt_forward(head: Eagle3Head, batch: dict[str, torch.Tensor], steps: int):
     embeds = head.embed(ids).detach()
     hidden = head.fuse(batch["features"])
     cos, sin = head.rotary_emb(hidden, positions)
-    past: list = []
+    cos, sin = cos.to(hidden.dtype), sin.to(hidden.dtype)
+    past: list[list] = [[] for _ in range(head.num_layers)]  # per layer, one (k, v) per step
     logits = []
     for step in range(steps):
+        mask = ttt_mask(num_tokens, step)
         out, kv = _layer_forward(
-            head.midlayer, embeds.to(hidden.dtype), hidden, cos.to(hidden.dtype),
-            sin.to(hidden.dtype), past, ttt_mask(num_tokens, step),
+            head.midlayer, embeds.to(hidden.dtype), hidden, cos, sin, past[0], mask
         )
-        past.append(kv)
+        past[0].append(kv)
+        for i, layer in enumerate(head.extra_layers, start=1):
+            out, kv = _extra_layer_forward(layer, out, cos, sin, past[i], mask)
+            past[i].append(kv)
         logits.append(head.logits(out))
         hidden = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)
     return logits
@@ -228,7 +245,7 @@ def ttt_loss(logits: list[torch.Tensor], batch: dict[str, torch.Tensor], decay: 
 def build_head(target_model, tc: TrainerConfig, draft_ids: torch.Tensor) -> Eagle3Head:
     from eagle_core.spec.draft_head import eagle3_layer_ids
 
-    config = draft_config_from_target(target_model.config)
+    config = draft_config_from_target(target_model.config, num_layers=tc.num_layers)
     config._attn_implementation = "sdpa"
     torch.manual_seed(tc.seed)
     head = Eagle3Head(
@@ -245,15 +262,44 @@ def build_head(target_model, tc: TrainerConfig, draft_ids: torch.Tensor) -> Eagl
     return head.float()
 
 
-def load_head_for_training(target_model, path: str) -> Eagle3Head:
-    """Warm start (`trainer.init_from`): an earlier head, validated against the target, in float32."""
+def load_head_for_training(target_model, path: str, num_layers: int = 1, seed: int = 0) -> Eagle3Head:
+    """Warm start (`trainer.init_from`): an earlier head, validated against the target, in float32,
+    grown to `num_layers` decoder layers if it has fewer (see `grow_head`)."""
     from eagle_core.spec.draft_head import load_draft_head
 
     head = load_draft_head(path, target_model.config, target_model.get_input_embeddings(),
                            target_model.get_output_embeddings(), torch.float32, "cpu")
     if not isinstance(head, Eagle3Head):
         raise ValueError(f"trainer.init_from {path}: an EAGLE-3 head is needed, found {head.kind}")
+    if head.num_layers > num_layers:
+        raise ValueError(f"trainer.init_from {path} has {head.num_layers} decoder layers, more "
+                         f"than trainer.num_layers {num_layers}")
+    if head.num_layers < num_layers:
+        head = grow_head(head, target_model.get_input_embeddings(), num_layers, seed)
     return head.train()
+
+
+def grow_head(head: Eagle3Head, embedding, num_layers: int, seed: int = 0) -> Eagle3Head:
+    """A copy of `head` with `num_layers` decoder layers that computes exactly what `head` does.
+
+    The new layers start with zero output projections (o_proj, down_proj), so each is the
+    identity on its residual stream until training moves them; the old layers keep their
+    weights. Growing a trained head this way continues from its acceptance rather than from
+    scratch."""
+    config = copy.deepcopy(head.config)
+    config.num_hidden_layers = num_layers
+    torch.manual_seed(seed)
+    grown = Eagle3Head(config, embedding, head.layer_ids, head.target_hidden_size,
+                       head.vocab_size, fc_bias=head.fc.bias is not None,
+                       qkv_bias=head.midlayer.self_attn.q_proj.bias is not None)
+    grown = grown.to(head.fc.weight.dtype)
+    missing, unexpected = grown.load_state_dict(head.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith("extra_layers.") for k in missing), (missing, unexpected)
+    with torch.no_grad():
+        for layer in grown.extra_layers[head.num_layers - 1:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    return grown
 
 
 def evaluate_accuracy(head, seqs, tc: TrainerConfig, t2d) -> list[float]:
@@ -293,7 +339,7 @@ def train_head(target_model, shard_files: list[str], tc: TrainerConfig, out_dir:
     vocab_size = target_model.config.vocab_size
     if tc.init_from:
         # the warm-started head keeps its draft vocabulary: its LM head rows are tied to it
-        head = load_head_for_training(target_model, tc.init_from)
+        head = load_head_for_training(target_model, tc.init_from, tc.num_layers, tc.seed)
         draft_ids = head.draft_to_target(torch.arange(head.vocab_size))
         coverage = vocab_coverage(train, vocab_size, draft_ids)
         log(f"warm start from {tc.init_from}")
@@ -316,14 +362,15 @@ def train_head(target_model, shard_files: list[str], tc: TrainerConfig, out_dir:
     step, elapsed_before = 0, 0.0
     if os.path.exists(ckpt_path):
         ckpt = torch.load(ckpt_path, weights_only=False)
-        if ckpt.get("num_train_tokens") == num_train_tokens and ckpt["total_steps"] == total_steps:
+        same_head = ckpt["head"].keys() == head.state_dict().keys()  # e.g. trainer.num_layers
+        if same_head and ckpt.get("num_train_tokens") == num_train_tokens and ckpt["total_steps"] == total_steps:
             head.load_state_dict(ckpt["head"])
             optimizer.load_state_dict(ckpt["optimizer"])
             sched.load_state_dict(ckpt["sched"])
             step, elapsed_before = ckpt["step"], ckpt.get("elapsed", 0.0)
             log(f"resumed at step {step}/{total_steps}")
         else:
-            log("checkpoint is for different data or schedule: starting over")
+            log("checkpoint is for different data, schedule or head shape: starting over")
     head.train()
     start = time.time()
     bar = tqdm(total=total_steps, initial=step, desc="train", unit="step")

@@ -61,8 +61,8 @@ def eagle1_head(target, attn: str = "sdpa", seed: int = 0) -> EagleHead:
     return head.eval()
 
 
-def eagle3_head(target, attn: str = "sdpa", seed: int = 0) -> Eagle3Head:
-    config = draft_config_from_target(target.config)
+def eagle3_head(target, attn: str = "sdpa", seed: int = 0, num_layers: int = 1) -> Eagle3Head:
+    config = draft_config_from_target(target.config, num_layers=num_layers)
     config._attn_implementation = attn
     torch.manual_seed(seed)
     head = Eagle3Head(
@@ -155,6 +155,26 @@ def test_cache_kwarg_reaches_attention(kind, target, target8):
     assert cache.get_seq_length() == 5
     last = run(head, ids[:, 5:], features[:, 5:], positions[:, 5:], cache=cache)
     assert torch.allclose(last, full[:, 5:], atol=1e-5)
+
+
+def test_extra_layers_follow_the_eagle3_layer(target8):
+    """A two-layer head is the EAGLE-3 layer, then a plain Llama decoder layer on its output
+    (same positions, the next layer_idx), and the last layer's output is what feeds back."""
+    head = eagle3_head(target8, num_layers=2)
+    randomize_norms(head)
+    assert head.num_layers == 2 and head.extra_layers[0].self_attn.layer_idx == 1
+    ids, features, positions = inputs(width=head.feature_size)
+    with torch.no_grad():
+        hidden = head.fuse(features)
+        first = head.midlayer(
+            head.embed(ids), hidden, head.rotary_emb(hidden, positions), position_ids=positions
+        )
+        expected = head.extra_layers[0](
+            first, position_ids=positions, position_embeddings=head.rotary_emb(hidden, positions)
+        )
+    out = run(head, ids, features, positions)
+    assert torch.allclose(out, expected, atol=1e-6)
+    assert not torch.allclose(out, first, atol=1e-3)  # the extra layer did something
 
 
 def test_eagle3_takes_fused_or_own_hidden(target8):
@@ -253,13 +273,14 @@ def load(path, target, dtype=torch.float32, attn="sdpa"):
     )
 
 
-@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
-def test_save_load_roundtrip(kind, target, target8, tmp_path):
+@pytest.mark.parametrize(("kind", "num_layers"), [("eagle1", 1), ("eagle3", 1), ("eagle3", 2)])
+def test_save_load_roundtrip(kind, num_layers, target, target8, tmp_path):
     tgt = target if kind == "eagle1" else target8
-    head = eagle1_head(tgt) if kind == "eagle1" else eagle3_head(tgt)
+    head = eagle1_head(tgt) if kind == "eagle1" else eagle3_head(tgt, num_layers=num_layers)
     save_draft_head(head, str(tmp_path))
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["eagle_serve"]["kind"] == kind
+    assert config["num_hidden_layers"] == num_layers
     assert config["eagle_serve"]["version"] == 1
     if kind == "eagle3":
         assert config["eagle_serve"]["layer_ids"] == [2, 4, 5]
@@ -621,3 +642,62 @@ def test_unreadable_directories(target, tmp_path):
     )
     with pytest.raises(ModelLoadError, match="2 decoder layers"):
         load(tmp_path / "deep", target)
+
+
+def test_extra_layers_must_all_be_in_the_checkpoint(target8, tmp_path):
+    write_checkpoint(tmp_path / "e3", safeailab_config(num_hidden_layers=2), eagle3_weights(), "bin")
+    with pytest.raises(ModelLoadError, match="missing keys: extra_layers.0"):
+        load(tmp_path / "e3", target8)
+    write_checkpoint(tmp_path / "e0", safeailab_config(num_hidden_layers=0), eagle3_weights(), "bin")
+    with pytest.raises(ModelLoadError, match="num_hidden_layers must be a positive integer"):
+        load(tmp_path / "e0", target8)
+
+
+# ---------------------------------------------------------------------------------------------
+# training: the unrolled forward computes what serving computes; growing keeps the drafts
+# ---------------------------------------------------------------------------------------------
+
+
+def _ttt_batch(head: Eagle3Head, t: int = 7):
+    ids, features, _ = inputs(t=t, width=head.feature_size)
+    return {"input_ids": ids, "features": features}
+
+
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_unrolled_training_forward_matches_the_served_head(num_layers, target8):
+    """Step 0 of the training-time test is the head over target features; step 1 at position q
+    is the head over the committed context (fused target features) plus its own step-0 output
+    from q - 1, which is what a tree level feeds at serving time."""
+    from eagle_core.train.trainer import ttt_forward
+
+    head = eagle3_head(target8, num_layers=num_layers)
+    batch = _ttt_batch(head)
+    ids, t = batch["input_ids"], batch["input_ids"].shape[1]
+    positions = torch.arange(t)[None]
+    with torch.no_grad():
+        step0, step1 = ttt_forward(head, batch, steps=2)
+        out0 = head(ids, batch["features"], positions)  # [1, T, h]
+        assert torch.allclose(step0, head.logits(out0), atol=1e-5)
+        fused = head.fuse(batch["features"])
+        for q in (1, 3, t - 1):
+            hidden = torch.cat([fused[:, :q], out0[:, q - 1 : q]], dim=1)  # [1, q + 1, h]
+            tree_level = head(ids[:, : q + 1], hidden, positions[:, : q + 1])
+            assert torch.allclose(step1[0, q], head.logits(tree_level)[0, q], atol=1e-5), q
+
+
+def test_growing_a_head_keeps_its_drafts_and_trains_the_new_layer(target8):
+    from eagle_core.train.trainer import grow_head, ttt_forward
+
+    head = eagle3_head(target8)
+    grown = grow_head(head, target8.model.embed_tokens, num_layers=3)
+    assert grown.num_layers == 3 and len(grown.extra_layers) == 2
+    batch = _ttt_batch(head)
+    with torch.no_grad():
+        for before, after in zip(ttt_forward(head, batch, 3), ttt_forward(grown, batch, 3)):
+            assert torch.equal(before, after)
+    assert torch.equal(grown.d2t, head.d2t) and torch.equal(grown.lm_head.weight, head.lm_head.weight)
+    loss = sum(logits.logsumexp(-1).sum() for logits in ttt_forward(grown, batch, 2))
+    loss.backward()
+    for layer in grown.extra_layers:  # zero output projections still get gradients
+        assert layer.self_attn.o_proj.weight.grad.abs().sum() > 0
+        assert layer.mlp.down_proj.weight.grad.abs().sum() > 0

@@ -146,3 +146,14 @@ def test_training_lowers_loss_and_beats_a_random_head(tiny4_dir, tmp_path):
     assert len(warm_losses) >= 3 and max(warm_losses[:3]) < 0.5 * first, (warm_losses[:3], first)
     d2t = lambda path: load_file(str(path / "model.safetensors"))["d2t"]  # noqa: E731
     assert torch.equal(d2t(tmp_path / "warm"), d2t(trained))
+
+    # Growing (trainer.num_layers above the warm start's): the two-layer head starts where the
+    # trained one-layer head is, saves and serves as a two-layer head.
+    grown_cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(
+        cfg.trainer, init_from=str(trained), output=str(tmp_path / "grown"), epochs=0.5,
+        num_layers=2))
+    _, grown_losses = train_recording_losses(grown_cfg)
+    assert abs(grown_losses[0] - warm_losses[0]) < 1e-4, (grown_losses[0], warm_losses[0])
+    assert json.loads((tmp_path / "grown" / "config.json").read_text())["num_hidden_layers"] == 2
+    tau_grown = mean_tau(tiny4_dir, tmp_path / "grown", prompts)
+    assert tau_grown > tau_random + 0.3, (tau_grown, tau_random)
