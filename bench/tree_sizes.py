@@ -1,20 +1,22 @@
 """Batch-1 speed of draft-tree sizes against plain decoding, in one process, interleaved.
 
     .venv/bin/python -m bench.tree_sizes [--trees 8/3/3 12/4/4 16/5/4] [--first 10 --questions 10]
-        [--draft-quantization int8 none]
+        [--draft-quantization int8 none] [--draft HEAD_DIR [HEAD_DIR ...]]
 
 Which tree suits a head depends on how deep its drafts survive and on what a draft step and a
 wider verify cost on the machine, so the default tree (--num-draft-tokens / --draft-depth /
 --draft-top-k) is picked from this measurement. One engine per tree plus a plain one, all on the
 same model; each MT-bench first-turn question (T=0 unless --temperature) goes through every
 engine, the order rotating from question to question so that drift in machine load spreads
-evenly. tau = tokens per target forward (bonus included), from the engine's per-request counters.
+evenly. Several --draft heads get an engine each per tree (heads of different sizes: what their
+extra acceptance buys against their extra draft cost). tau = tokens per target forward (bonus included), from the engine's per-request counters.
 Writes bench/results/tree-sizes-<date>-<machine>-q<first question>-<last question>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from bench.environment import write_result
@@ -36,7 +38,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--draft", default="eagle_core/heads/smollm2-135m-eagle")
+    parser.add_argument("--draft", nargs="+", default=["eagle_core/heads/smollm2-135m-eagle"],
+                        help="draft head directories: one engine per head, tree and quantization")
     parser.add_argument("--trees", type=parse_tree, nargs="+", default=[(8, 3, 3), (12, 4, 4), (16, 5, 4)])
     parser.add_argument(
         "--draft-quantization", nargs="+", choices=DRAFT_QUANTIZATIONS, default=["auto"],
@@ -51,12 +54,17 @@ def main() -> None:
     args = parser.parse_args()
 
     engines = {"plain": LLM(args.model, dtype=args.dtype, draft=None)}
-    for tokens, depth, top_k in args.trees:
-        for quant in args.draft_quantization:
-            spec = SpecConfig(draft=args.draft, num_draft_tokens=tokens, depth=depth, top_k=top_k,
-                              max_batch=0, draft_quantization=quant)
-            name = f"{tokens}/{depth}/{top_k}" + (f" {quant}" if len(args.draft_quantization) > 1 else "")
-            engines[name] = LLM(args.model, dtype=args.dtype, config=EngineConfig(spec=spec))
+    for draft in args.draft:
+        for tokens, depth, top_k in args.trees:
+            for quant in args.draft_quantization:
+                spec = SpecConfig(draft=draft, num_draft_tokens=tokens, depth=depth, top_k=top_k,
+                                  max_batch=0, draft_quantization=quant)
+                name = f"{tokens}/{depth}/{top_k}"
+                if len(args.draft_quantization) > 1:
+                    name += f" {quant}"
+                if len(args.draft) > 1:
+                    name += f" {os.path.basename(draft.rstrip('/'))}"
+                engines[name] = LLM(args.model, dtype=args.dtype, config=EngineConfig(spec=spec))
     for llm in engines.values():  # warm-up
         llm.chat([[{"role": "user", "content": "Hello!"}]], SamplingParams(temperature=0, max_tokens=8))
 

@@ -73,6 +73,8 @@ class TrainerConfig:
     kind: str = "eagle3"
     """"eagle3" (multi-step training-time test, reduced draft vocabulary) or "eagle1"."""
     draft_vocab_size: int = 8192
+    """Tokens the head can draft (the most frequent target top-1 tokens of the data). With a warm
+    start the head keeps its own vocabulary, grown to this size if it is smaller."""
     num_layers: int = 1
     """Decoder layers of the head (EAGLE-3's own first, then plain Llama layers). A warm start
     from a head with fewer layers grows it: the new layers start as identities."""

@@ -701,3 +701,23 @@ def test_growing_a_head_keeps_its_drafts_and_trains_the_new_layer(target8):
     for layer in grown.extra_layers:  # zero output projections still get gradients
         assert layer.self_attn.o_proj.weight.grad.abs().sum() > 0
         assert layer.mlp.down_proj.weight.grad.abs().sum() > 0
+
+
+def test_growing_the_draft_vocabulary_keeps_the_old_rows_and_adds_frequent_tokens(target8):
+    from eagle_core.train.trainer import grow_draft_vocab
+
+    head = eagle3_head(target8)  # draft ids 0, 4, 8, ... (DRAFT_VOCAB of them)
+    counts = torch.zeros(VOCAB)
+    counts[[1, 2, 3, 4]] = torch.tensor([5.0, 9.0, 1.0, 100.0])  # 4 is already in the vocabulary
+    grown = grow_draft_vocab(head, target8, counts, DRAFT_VOCAB + 2)
+    assert grown.vocab_size == DRAFT_VOCAB + 2
+    ids = grown.draft_to_target(torch.arange(grown.vocab_size))
+    assert torch.equal(ids[:DRAFT_VOCAB], head.draft_to_target(torch.arange(DRAFT_VOCAB)))
+    assert ids[DRAFT_VOCAB:].tolist() == [2, 1]  # the two most frequent it lacked
+    assert grown.t2d.sum() == DRAFT_VOCAB + 2 and bool(grown.t2d[[1, 2]].all())
+    assert torch.equal(grown.lm_head.weight[DRAFT_VOCAB:], target8.lm_head.weight[[2, 1]])
+    ids_in, features, positions = inputs(width=head.feature_size)
+    with torch.no_grad():
+        out = run(head, ids_in, features, positions)
+        assert torch.equal(run(grown, ids_in, features, positions), out)
+        assert torch.equal(grown.logits(out)[..., :DRAFT_VOCAB], head.logits(out))

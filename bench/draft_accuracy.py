@@ -1,0 +1,131 @@
+"""How often draft heads' first token matches the target's greedy token on MT-bench answers, split
+by how sure the target itself is.
+
+    .venv/bin/python -m bench.draft_accuracy [--draft HEAD_DIR ...] [--dtype float32]
+        [--questions 80] [--max-tokens 96]
+
+The target answers each MT-bench first turn greedily (as the eval stage does), then reads prompt
+and answer teacher-forced. Each head's first draft step at every answer position (the entry that
+reads token q+1 and the target's features at q) is compared with the target's argmax at q+1,
+which is what a root child must match to be accepted at T=0. Positions are grouped by the
+target's top-1 probability there: where the target barely prefers its argmax, a small head
+predicting it is close to a coin toss, so the split shows how much of the miss rate lies where a
+better head could still recover it. Writes bench/results/draft-accuracy-<date>-<machine>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+from tqdm.auto import tqdm
+
+from bench.environment import write_result
+from bench.workloads import mt_bench_questions
+from eagle_core import LLM, SamplingParams
+from eagle_core.config import ModelConfig
+from eagle_core.spec.draft_head import Eagle3Head, load_draft_head
+from eagle_core.worker.loader import load_model
+
+CONFIDENCE_EDGES = (0.0, 0.3, 0.5, 0.7, 0.9, 1.0)
+TOP_K = 3
+"""The root's children in the default trees: a match within the head's top 3 can be accepted."""
+
+
+def answers(model: str, dtype: str, questions: list[str], max_tokens: int) -> list[list[int]]:
+    """prompt + greedy answer token ids per question, through the engine (no draft head)."""
+    llm = LLM(model, dtype=dtype, draft=None)
+    outs = llm.chat([[{"role": "user", "content": q}] for q in questions],
+                    SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=True)
+    return [(out.prompt_token_ids, out.token_ids) for out in outs]
+
+
+@torch.inference_mode()
+def score_positions(target, heads: dict[str, Eagle3Head], prompt: list[int], answer: list[int]):
+    """Per answer position: the target's top-1 probability, and per head (top-1 hit, top-3 hit,
+    whether the target's token is in the head's draft vocabulary at all), each [m]."""
+    ids = torch.tensor(prompt + answer)[None]  # [1, n]
+    out = target.model(input_ids=ids, output_hidden_states=True)
+    probs = torch.softmax(target.lm_head(out.last_hidden_state[0]).float(), dim=-1)  # [n, V]
+    top_prob, greedy = probs.max(dim=-1)  # [n] each
+    n, first = ids.shape[1], len(prompt) - 2  # entry q predicts token q + 2; the answer's first is at len(prompt)
+    rows = {"confidence": top_prob[first + 1 : n - 1]}  # target's confidence at q + 1, [m]
+    truth = greedy[first + 1 : n - 1]  # [m]
+    positions = torch.arange(n - 1)[None]
+    for name, head in heads.items():
+        features = head.features_from_hidden_states(out.hidden_states)  # [1, n, feature]
+        hidden = head(ids[:, 1:], features[:, :-1], positions)  # [1, n - 1, h], causal
+        logits = head.logits(hidden[0, first : n - 2])  # [m, draft_vocab]
+        top = head.draft_to_target(logits.topk(TOP_K, dim=-1).indices)  # [m, TOP_K]
+        rows[name] = (top[:, 0] == truth, (top == truth[:, None]).any(-1), head.t2d[truth])
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--draft", nargs="+", default=["eagle_core/heads/smollm2-135m-eagle"])
+    parser.add_argument("--questions", type=int, default=80)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args()
+
+    questions = [q.turns[0] for q in mt_bench_questions()[: args.questions]]
+    sequences = answers(args.model, args.dtype, questions, args.max_tokens)
+    target = load_model(ModelConfig(model=args.model, dtype=args.dtype), attn_implementation="sdpa").model
+    heads = {}
+    for path in args.draft:
+        head = load_draft_head(path, target.config, target.get_input_embeddings(),
+                               target.get_output_embeddings(), target.dtype, "cpu")
+        heads[os.path.basename(path.rstrip("/"))] = head
+
+    confidence, hits = [], {name: ([], [], []) for name in heads}
+    for prompt, answer in tqdm(sequences, desc="scoring"):
+        rows = score_positions(target, heads, prompt, answer)
+        confidence.append(rows["confidence"])
+        for name in heads:
+            for column, values in zip(hits[name], rows[name]):
+                column.append(values)
+    confidence = torch.cat(confidence)
+    result = {"settings": vars(args), "num_positions": len(confidence), "bins": [], "heads": {}}
+    for lo, hi in zip(CONFIDENCE_EDGES, CONFIDENCE_EDGES[1:]):
+        in_bin = (confidence >= lo) & ((confidence < hi) if hi < 1 else (confidence <= hi))
+        result["bins"].append({"range": [lo, hi], "share": in_bin.float().mean().item()})
+    for name in heads:
+        top1, top3, in_vocab = (torch.cat(column).float() for column in hits[name])
+        per_bin = []
+        for lo, hi in zip(CONFIDENCE_EDGES, CONFIDENCE_EDGES[1:]):
+            in_bin = (confidence >= lo) & ((confidence < hi) if hi < 1 else (confidence <= hi))
+            count = int(in_bin.sum())
+            per_bin.append({"top1": top1[in_bin].mean().item() if count else None,
+                            "top3": top3[in_bin].mean().item() if count else None,
+                            "misses_share": ((1 - top1) * in_bin).sum().item() / max(1.0, (1 - top1).sum().item())})
+        result["heads"][name] = {
+            "top1": top1.mean().item(), "top3": top3.mean().item(), "by_bin": per_bin,
+            # a token outside the draft vocabulary can never be drafted: a miss whatever the head
+            "outside_draft_vocab": 1 - in_vocab.mean().item(),
+            "misses_outside_draft_vocab": ((1 - in_vocab) * (1 - top1)).sum().item() / max(1.0, (1 - top1).sum().item()),
+            "high_confidence_top3_misses_outside_draft_vocab": (
+                ((1 - in_vocab) * (1 - top3) * (confidence >= 0.9)).sum().item()
+                / max(1.0, ((1 - top3) * (confidence >= 0.9)).sum().item())),
+        }
+
+    print(f"{len(confidence)} answer positions, {len(sequences)} questions")
+    header = "target top-1 prob " + " ".join(f"{lo:.1f}-{hi:.1f}".rjust(9) for lo, hi in zip(CONFIDENCE_EDGES, CONFIDENCE_EDGES[1:]))
+    print(header)
+    print("share of positions" + " ".join(f"{b['share']:9.2f}" for b in result["bins"]))
+    for name, r in result["heads"].items():
+        print(f"{name}: top-1 {r['top1']:.3f}, top-3 {r['top3']:.3f}; target token outside the draft "
+              f"vocabulary at {r['outside_draft_vocab']:.3f} of positions, {r['misses_outside_draft_vocab']:.2f} "
+              f"of top-1 misses, {r['high_confidence_top3_misses_outside_draft_vocab']:.2f} of top-3 misses "
+              f"where the target is >= 0.9 sure")
+        print("  top-1 match     " + " ".join(f"{b['top1']:9.2f}" if b["top1"] is not None else " " * 9 for b in r["by_bin"]))
+        print("  top-3 match     " + " ".join(f"{b['top3']:9.2f}" if b["top3"] is not None else " " * 9 for b in r["by_bin"]))
+        print("  share of misses " + " ".join(f"{b['misses_share']:9.2f}" for b in r["by_bin"]))
+    print(f"wrote {write_result(args.out, 'draft-accuracy', result)}")
+
+
+if __name__ == "__main__":
+    main()
