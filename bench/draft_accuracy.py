@@ -10,7 +10,8 @@ reads token q+1 and the target's features at q) is compared with the target's ar
 which is what a root child must match to be accepted at T=0. Positions are grouped by the
 target's top-1 probability there: where the target barely prefers its argmax, a small head
 predicting it is close to a coin toss, so the split shows how much of the miss rate lies where a
-better head could still recover it. Writes bench/results/draft-accuracy-<date>-<machine>.json.
+better head could still recover it; the confident positions are split again into word pieces
+that continue a word and the rest. Writes bench/results/draft-accuracy-<date>-<machine>.json.
 """
 
 from __future__ import annotations
@@ -41,17 +42,23 @@ def answers(model: str, dtype: str, questions: list[str], max_tokens: int) -> li
     return [(out.prompt_token_ids, out.token_ids) for out in outs]
 
 
+def continues_word(tokenizer, token_ids: torch.Tensor) -> torch.Tensor:
+    """[m] bool: the token, decoded alone, starts with a letter (no space or newline first), so
+    it continues the word before it (a word piece such as "ud" in "trudged")."""
+    return torch.tensor([tokenizer.decode([int(t)])[:1].isalpha() for t in token_ids], dtype=torch.bool)
+
+
 @torch.inference_mode()
 def score_positions(target, heads: dict[str, Eagle3Head], prompt: list[int], answer: list[int]):
-    """Per answer position: the target's top-1 probability, and per head (top-1 hit, top-3 hit,
+    """Per answer position: the target's top-1 probability and greedy token, and per head (top-1 hit, top-3 hit,
     whether the target's token is in the head's draft vocabulary at all), each [m]."""
     ids = torch.tensor(prompt + answer)[None]  # [1, n]
     out = target.model(input_ids=ids, output_hidden_states=True)
     probs = torch.softmax(target.lm_head(out.last_hidden_state[0]).float(), dim=-1)  # [n, V]
     top_prob, greedy = probs.max(dim=-1)  # [n] each
     n, first = ids.shape[1], len(prompt) - 2  # entry q predicts token q + 2; the answer's first is at len(prompt)
-    rows = {"confidence": top_prob[first + 1 : n - 1]}  # target's confidence at q + 1, [m]
     truth = greedy[first + 1 : n - 1]  # [m]
+    rows = {"confidence": top_prob[first + 1 : n - 1], "truth": truth}  # at q + 1, [m] each
     positions = torch.arange(n - 1)[None]
     for name, head in heads.items():
         features = head.features_from_hidden_states(out.hidden_states)  # [1, n, feature]
@@ -74,21 +81,24 @@ def main() -> None:
 
     questions = [q.turns[0] for q in mt_bench_questions()[: args.questions]]
     sequences = answers(args.model, args.dtype, questions, args.max_tokens)
-    target = load_model(ModelConfig(model=args.model, dtype=args.dtype), attn_implementation="sdpa").model
+    loaded = load_model(ModelConfig(model=args.model, dtype=args.dtype), attn_implementation="sdpa")
+    target = loaded.model
     heads = {}
     for path in args.draft:
         head = load_draft_head(path, target.config, target.get_input_embeddings(),
                                target.get_output_embeddings(), target.dtype, "cpu")
         heads[os.path.basename(path.rstrip("/"))] = head
 
-    confidence, hits = [], {name: ([], [], []) for name in heads}
+    confidence, continues, hits = [], [], {name: ([], [], []) for name in heads}
     for prompt, answer in tqdm(sequences, desc="scoring"):
         rows = score_positions(target, heads, prompt, answer)
         confidence.append(rows["confidence"])
+        continues.append(continues_word(loaded.tokenizer, rows["truth"]))
         for name in heads:
             for column, values in zip(hits[name], rows[name]):
                 column.append(values)
-    confidence = torch.cat(confidence)
+    confidence, continues = torch.cat(confidence), torch.cat(continues)
+    sure = confidence >= 0.9
     result = {"settings": vars(args), "num_positions": len(confidence), "bins": [], "heads": {}}
     for lo, hi in zip(CONFIDENCE_EDGES, CONFIDENCE_EDGES[1:]):
         in_bin = (confidence >= lo) & ((confidence < hi) if hi < 1 else (confidence <= hi))
@@ -104,6 +114,15 @@ def main() -> None:
                             "misses_share": ((1 - top1) * in_bin).sum().item() / max(1.0, (1 - top1).sum().item())})
         result["heads"][name] = {
             "top1": top1.mean().item(), "top3": top3.mean().item(), "by_bin": per_bin,
+            # where the target is >= 0.9 sure, word pieces that continue a word against the rest
+            "sure_word_pieces": {"share": (sure & continues).float().mean().item(),
+                                 "top1": top1[sure & continues].mean().item(),
+                                 "top3": top3[sure & continues].mean().item(),
+                                 "in_draft_vocab": in_vocab[sure & continues].mean().item()},
+            "sure_other": {"share": (sure & ~continues).float().mean().item(),
+                           "top1": top1[sure & ~continues].mean().item(),
+                           "top3": top3[sure & ~continues].mean().item(),
+                           "in_draft_vocab": in_vocab[sure & ~continues].mean().item()},
             # a token outside the draft vocabulary can never be drafted: a miss whatever the head
             "outside_draft_vocab": 1 - in_vocab.mean().item(),
             "misses_outside_draft_vocab": ((1 - in_vocab) * (1 - top1)).sum().item() / max(1.0, (1 - top1).sum().item()),
@@ -124,6 +143,10 @@ def main() -> None:
         print("  top-1 match     " + " ".join(f"{b['top1']:9.2f}" if b["top1"] is not None else " " * 9 for b in r["by_bin"]))
         print("  top-3 match     " + " ".join(f"{b['top3']:9.2f}" if b["top3"] is not None else " " * 9 for b in r["by_bin"]))
         print("  share of misses " + " ".join(f"{b['misses_share']:9.2f}" for b in r["by_bin"]))
+        for key in ("sure_word_pieces", "sure_other"):
+            b = r[key]
+            print(f"  target >= 0.9 sure, {key[5:].replace('_', ' ')}: {b['share']:.3f} of positions, top-1 "
+                  f"{b['top1']:.2f}, top-3 {b['top3']:.2f}, in the draft vocabulary {b['in_draft_vocab']:.2f}")
     print(f"wrote {write_result(args.out, 'draft-accuracy', result)}")
 
 
