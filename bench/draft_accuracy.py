@@ -34,8 +34,8 @@ TOP_K = 3
 """The root's children in the default trees: a match within the head's top 3 can be accepted."""
 
 
-def answers(model: str, dtype: str, questions: list[str], max_tokens: int) -> list[list[int]]:
-    """prompt + greedy answer token ids per question, through the engine (no draft head)."""
+def answers(model: str, dtype: str, questions: list[str], max_tokens: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt, greedy answer) token ids per question, through the engine (no draft head)."""
     llm = LLM(model, dtype=dtype, draft=None)
     outs = llm.chat([[{"role": "user", "content": q}] for q in questions],
                     SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=True)
@@ -69,6 +69,12 @@ def score_positions(target, heads: dict[str, Eagle3Head], prompt: list[int], ans
     return rows
 
 
+def _subset(mask: torch.Tensor, top1: torch.Tensor, top3: torch.Tensor, in_vocab: torch.Tensor) -> dict:
+    """Share of positions in `mask` ([m] bool) and the head's rates there."""
+    return {"share": mask.float().mean().item(), "top1": top1[mask].mean().item(),
+            "top3": top3[mask].mean().item(), "in_draft_vocab": in_vocab[mask].mean().item()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2")
@@ -99,15 +105,14 @@ def main() -> None:
                 column.append(values)
     confidence, continues = torch.cat(confidence), torch.cat(continues)
     sure = confidence >= 0.9
-    result = {"settings": vars(args), "num_positions": len(confidence), "bins": [], "heads": {}}
-    for lo, hi in zip(CONFIDENCE_EDGES, CONFIDENCE_EDGES[1:]):
-        in_bin = (confidence >= lo) & ((confidence < hi) if hi < 1 else (confidence <= hi))
-        result["bins"].append({"range": [lo, hi], "share": in_bin.float().mean().item()})
+    bins = [(lo, hi, (confidence >= lo) & ((confidence < hi) if hi < 1 else (confidence <= hi)))
+            for lo, hi in zip(CONFIDENCE_EDGES, CONFIDENCE_EDGES[1:])]
+    result = {"settings": vars(args), "num_positions": len(confidence), "heads": {},
+              "bins": [{"range": [lo, hi], "share": in_bin.float().mean().item()} for lo, hi, in_bin in bins]}
     for name in heads:
         top1, top3, in_vocab = (torch.cat(column).float() for column in hits[name])
         per_bin = []
-        for lo, hi in zip(CONFIDENCE_EDGES, CONFIDENCE_EDGES[1:]):
-            in_bin = (confidence >= lo) & ((confidence < hi) if hi < 1 else (confidence <= hi))
+        for _, _, in_bin in bins:
             count = int(in_bin.sum())
             per_bin.append({"top1": top1[in_bin].mean().item() if count else None,
                             "top3": top3[in_bin].mean().item() if count else None,
@@ -115,20 +120,13 @@ def main() -> None:
         result["heads"][name] = {
             "top1": top1.mean().item(), "top3": top3.mean().item(), "by_bin": per_bin,
             # where the target is >= 0.9 sure, word pieces that continue a word against the rest
-            "sure_word_pieces": {"share": (sure & continues).float().mean().item(),
-                                 "top1": top1[sure & continues].mean().item(),
-                                 "top3": top3[sure & continues].mean().item(),
-                                 "in_draft_vocab": in_vocab[sure & continues].mean().item()},
-            "sure_other": {"share": (sure & ~continues).float().mean().item(),
-                           "top1": top1[sure & ~continues].mean().item(),
-                           "top3": top3[sure & ~continues].mean().item(),
-                           "in_draft_vocab": in_vocab[sure & ~continues].mean().item()},
+            "sure_word_pieces": _subset(sure & continues, top1, top3, in_vocab),
+            "sure_other": _subset(sure & ~continues, top1, top3, in_vocab),
             # a token outside the draft vocabulary can never be drafted: a miss whatever the head
             "outside_draft_vocab": 1 - in_vocab.mean().item(),
             "misses_outside_draft_vocab": ((1 - in_vocab) * (1 - top1)).sum().item() / max(1.0, (1 - top1).sum().item()),
             "high_confidence_top3_misses_outside_draft_vocab": (
-                ((1 - in_vocab) * (1 - top3) * (confidence >= 0.9)).sum().item()
-                / max(1.0, ((1 - top3) * (confidence >= 0.9)).sum().item())),
+                ((1 - in_vocab) * (1 - top3) * sure).sum().item() / max(1.0, ((1 - top3) * sure).sum().item())),
         }
 
     print(f"{len(confidence)} answer positions, {len(sequences)} questions")

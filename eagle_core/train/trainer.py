@@ -290,7 +290,6 @@ def grow_head(head: Eagle3Head, embedding, num_layers: int, seed: int = 0) -> Ea
     config.num_hidden_layers = num_layers
     torch.manual_seed(seed)
     grown = _eagle3_like(head, config, embedding, head.vocab_size)
-    grown = grown.to(head.fc.weight.dtype)
     missing, unexpected = grown.load_state_dict(head.state_dict(), strict=False)
     assert not unexpected and all(k.startswith("extra_layers.") for k in missing), (missing, unexpected)
     with torch.no_grad():
@@ -301,11 +300,11 @@ def grow_head(head: Eagle3Head, embedding, num_layers: int, seed: int = 0) -> Ea
 
 
 def _eagle3_like(head: Eagle3Head, config, embedding, draft_vocab_size: int) -> Eagle3Head:
-    """An untrained head shaped like `head` (biases, fused layers, own or shared embedding)."""
+    """An untrained head shaped like `head` (biases, fused layers, own or shared embedding, dtype)."""
     own_embedding = "embed_tokens" in head._modules
     return Eagle3Head(config, None if own_embedding else embedding, head.layer_ids,
                       head.target_hidden_size, draft_vocab_size, fc_bias=head.fc.bias is not None,
-                      qkv_bias=head.midlayer.self_attn.q_proj.bias is not None)
+                      qkv_bias=head.midlayer.self_attn.q_proj.bias is not None).to(head.fc.weight.dtype)
 
 
 def grow_draft_vocab(head: Eagle3Head, target_model, counts: torch.Tensor, size: int) -> Eagle3Head:
@@ -321,7 +320,6 @@ def grow_draft_vocab(head: Eagle3Head, target_model, counts: torch.Tensor, size:
     counts[old_ids] = -1
     new_ids = counts.topk(size - head.vocab_size).indices
     grown = _eagle3_like(head, head.config, target_model.get_input_embeddings(), size)
-    grown = grown.to(head.fc.weight.dtype)
     state = {k: v for k, v in head.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
     missing, unexpected = grown.load_state_dict(state, strict=False)
     assert not unexpected and set(missing) == {"lm_head.weight", "d2t", "t2d"}, (missing, unexpected)
