@@ -1,6 +1,6 @@
 """Batch-1 speed of draft-tree sizes against plain decoding, in one process, interleaved.
 
-    .venv/bin/python -m bench.tree_sizes [--trees 8/3/3 12/4/4 16/5/4] [--first 10 --questions 10]
+    .venv/bin/python -m bench.tree_sizes [--trees 8/3/3 8/3/3+4 12/4/4] [--first 10 --questions 10]
         [--draft-quantization int8 none] [--draft HEAD_DIR [HEAD_DIR ...]]
 
 Which tree suits a head depends on how deep its drafts survive and on what a draft step and a
@@ -8,7 +8,8 @@ wider verify cost on the machine, so the default tree (--num-draft-tokens / --dr
 --draft-top-k) is picked from this measurement. One engine per tree plus a plain one, all on the
 same model; each MT-bench first-turn question (T=0 unless --temperature) goes through every
 engine, the order rotating from question to question so that drift in machine load spreads
-evenly. Several --draft heads get an engine each per tree (heads of different sizes: what their
+evenly. "+L" after a tree adds up to L context-lookup tokens (spec/lookup.py); without it the
+tree has none. Several --draft heads get an engine each per tree (heads of different sizes: what their
 extra acceptance buys against their extra draft cost). tau = tokens per target forward (bonus included), from the engine's per-request counters.
 Writes bench/results/tree-sizes-<date>-<machine>-q<first question>-<last question>.json.
 """
@@ -25,13 +26,19 @@ from eagle_core import LLM, EngineConfig, SamplingParams
 from eagle_core.config import DRAFT_QUANTIZATIONS, SpecConfig
 
 
-def parse_tree(text: str) -> tuple[int, int, int]:
-    """"8/3/3" -> (num_draft_tokens, depth, top_k)."""
-    parts = text.split("/")
-    if len(parts) != 3 or not all(p.isdigit() for p in parts):
-        raise argparse.ArgumentTypeError(f"tree {text!r}: expected TOKENS/DEPTH/TOPK, e.g. 8/3/3")
+def parse_tree(text: str) -> tuple[int, int, int, int]:
+    """"8/3/3" -> (num_draft_tokens, depth, top_k, lookup_tokens 0); "8/3/3+4": 4 lookup tokens."""
+    tree, _, lookup = text.partition("+")
+    parts = tree.split("/")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts) or not (lookup.isdigit() or not lookup):
+        raise argparse.ArgumentTypeError(
+            f"tree {text!r}: expected TOKENS/DEPTH/TOPK[+LOOKUP], e.g. 8/3/3 or 8/3/3+4")
     tokens, depth, top_k = map(int, parts)
-    return tokens, depth, top_k
+    return tokens, depth, top_k, int(lookup or 0)
+
+
+def tree_name(tokens: int, depth: int, top_k: int, lookup: int) -> str:
+    return f"{tokens}/{depth}/{top_k}" + (f"+{lookup}" if lookup else "")
 
 
 def main() -> None:
@@ -40,7 +47,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--draft", nargs="+", default=["eagle_core/heads/smollm2-135m-eagle"],
                         help="draft head directories: one engine per head, tree and quantization")
-    parser.add_argument("--trees", type=parse_tree, nargs="+", default=[(8, 3, 3), (12, 4, 4), (16, 5, 4)])
+    parser.add_argument("--trees", type=parse_tree, nargs="+", default=[(8, 3, 3, 0), (8, 3, 3, 4), (12, 4, 4, 0)],
+                        help="TOKENS/DEPTH/TOPK[+LOOKUP]: +LOOKUP adds up to that many context-lookup tokens")
     parser.add_argument(
         "--draft-quantization", nargs="+", choices=DRAFT_QUANTIZATIONS, default=["auto"],
         help="one engine per tree and value (e.g. int8 none: the draft weights' effect)",
@@ -55,11 +63,11 @@ def main() -> None:
 
     engines = {"plain": LLM(args.model, dtype=args.dtype, draft=None)}
     for draft in args.draft:
-        for tokens, depth, top_k in args.trees:
+        for tokens, depth, top_k, lookup in args.trees:
             for quant in args.draft_quantization:
                 spec = SpecConfig(draft=draft, num_draft_tokens=tokens, depth=depth, top_k=top_k,
-                                  max_batch=0, draft_quantization=quant)
-                name = f"{tokens}/{depth}/{top_k}"
+                                  max_batch=0, draft_quantization=quant, lookup_tokens=lookup)
+                name = tree_name(tokens, depth, top_k, lookup)
                 if len(args.draft_quantization) > 1:
                     name += f" {quant}"
                 if len(args.draft) > 1:
@@ -92,7 +100,7 @@ def main() -> None:
                      "tau": t["emitted"] / max(1, t["steps"]),
                      "draft_weights": engines[name].engine.worker.draft_weights, **t})
         print(f"{name:>15}: {rate:.1f} tok/s, {rate / plain_rate:.2f}x, tau {rows[-1]['tau']:.2f}")
-    settings = {**vars(args), "trees": ["/".join(map(str, t)) for t in args.trees]}
+    settings = {**vars(args), "trees": [tree_name(*t) for t in args.trees]}
     span = f"-q{args.first + 1}-{args.first + len(questions)}" + (f"-T{args.temperature:g}" if args.temperature else "")
     out = write_result(args.out, "tree-sizes", {"settings": settings, "rows": rows}, suffix=span)
     print(f"wrote {out}")

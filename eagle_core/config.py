@@ -61,9 +61,10 @@ class SpecDefaults(NamedTuple):
     depth: int
     top_k: int
     max_batch: int
+    lookup_tokens: int
 
 
-WIDE_SPEC = SpecDefaults(num_draft_tokens=8, depth=3, top_k=3, max_batch=4)
+WIDE_SPEC = SpecDefaults(num_draft_tokens=8, depth=3, top_k=3, max_batch=4, lookup_tokens=8)
 """For matmul units with throughput to spare at a few rows: GPUs, and CPUs computing bf16
 natively (AMX / AVX512-BF16). Sized for a CPU and the shipped SmolLM2 head with int8 draft
 weights. Trees at batch 1 on MT-bench questions 11-40: 8/3/3 1.60x, 6/2/4 1.60x, 10/3/4 1.59x,
@@ -73,7 +74,7 @@ On an H200 the engine is host-bound (no CUDA graphs yet) and larger trees were s
 1.16x / 1.01x / 0.88x / 0.80x at 1 / 2 / 3 / 4 / 6 / 8 requests in one process
 (bench/results/engine-2026-12-01-vm-3.json), hence max_batch 4 (with draft_quantization none,
 2 is the better limit: the second head in bf16 measured 0.91x at 4)."""
-NARROW_SPEC = SpecDefaults(num_draft_tokens=3, depth=2, top_k=2, max_batch=1)
+NARROW_SPEC = SpecDefaults(num_draft_tokens=3, depth=2, top_k=2, max_batch=1, lookup_tokens=8)
 """For CPUs computing in fp32 (no native bf16, or asked for): there a forward over 8 rows costs
 ~1.3x one over 1-3 rows and each draft forward ~3 ms. Measured on a 2-core Xeon VM without
 AVX512-BF16/AMX, fp32, T=0. Trees at batch 1 on MT-bench questions 11-30 (python -m
@@ -103,6 +104,9 @@ class SpecConfig:
     """Speculate only while at most this many sequences run (0: always). Past it, steps decode
     plainly (counted as fallback "batch_size"). Under a closed loop the running count dips below
     the limit as answers end at different times, which is when the limit pays most."""
+    lookup_tokens: int | None = None
+    """Most draft tokens copied from earlier in the sequence (context lookup, spec/lookup.py),
+    verified with the tree on top of num_draft_tokens; 0 disables it."""
     draft_quantization: str = "auto"
     """"int8": the draft head's linears also hold int8 weights, used for decoding-sized inputs
     (bfloat16 models on the CPU only; see spec/int8_linear.py), "none": the model dtype only,
@@ -120,7 +124,7 @@ class SpecConfig:
         return replace(self, **unset)
 
     def __post_init__(self) -> None:
-        for name, least in (("num_draft_tokens", 1), ("depth", 1), ("top_k", 1), ("max_batch", 0)):
+        for name, least in (("num_draft_tokens", 1), ("depth", 1), ("top_k", 1), ("max_batch", 0), ("lookup_tokens", 0)):
             value = getattr(self, name)
             if value is not None and value < least:
                 raise ValueError(f"{name} must be at least {least}, got {value}")

@@ -94,7 +94,7 @@ class Engine:
         self._pending: list[RequestOutput] = []
         self.num_steps = 0
         self.spec_enabled = self.worker.num_draft_slots > 0
-        self.spec_counters = SpecCounters(self.config.spec.num_draft_tokens)
+        self.spec_counters = SpecCounters(self.worker.num_draft_slots + 1)
 
     # ---- public API -----------------------------------------------------------------------
 

@@ -116,6 +116,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--draft-depth", "spec", "depth", "draft forwards per step (tree levels); None: 3, or 2 on such a CPU"),
     Flag("--draft-top-k", "spec", "top_k",
          "children expanded per tree node (1 = a chain); None: 3, or 2 on such a CPU"),
+    Flag("--lookup-tokens", "spec", "lookup_tokens",
+         "most draft tokens copied from earlier in the sequence where its last tokens occurred "
+         "before, verified with the tree (0 = off); None: 8"),
     Flag("--spec-max-batch", "spec", "max_batch",
          "speculate only while at most this many sequences run (0 = always); None: 4, or 1 on such a CPU"),
     Flag(

@@ -338,12 +338,13 @@ class ServerMetrics:
         self._seen[key] = max(value, self._seen.get(key, 0))
 
     def _num_tree_positions(self) -> float:
-        """Draft positions an accepted path can reach (the tree's depth); 0 without a draft
-        head. Positions past it are exported only if they ever count something."""
+        """Draft positions an accepted path can reach (the head's tree depth, or a context
+        lookup chain's length); 0 without a draft head. Positions past it are exported only if
+        they ever count something."""
         spec = getattr(getattr(self._client.engine, "config", None), "spec", None)
         if spec is None:
             return math.inf  # an engine without a config (test doubles): export them all
-        return spec.depth if spec.draft else 0
+        return max(spec.depth, spec.lookup_tokens or 0) if spec.draft else 0
 
     def _refresh_gauges(self, model: str) -> None:
         client = self._client
@@ -378,7 +379,8 @@ def model_info(engine: Any) -> dict[str, str]:
         "dtype": str(dtype).removeprefix("torch.") if dtype is not None else "unknown",
         "device": str(getattr(worker, "device", None) or "unknown"),
         "tree": (
-            f"num_draft_tokens={spec.num_draft_tokens},depth={spec.depth},top_k={spec.top_k}"
+            f"num_draft_tokens={spec.num_draft_tokens},depth={spec.depth},top_k={spec.top_k},"
+            f"lookup_tokens={spec.lookup_tokens}"
             if draft
             else "none"
         ),

@@ -128,7 +128,8 @@ class Drafter:
         works: list[SeqWork],
         root_hidden: torch.Tensor,  # [B, hidden] catch-up output at each root
     ) -> list[DraftTree]:
-        """One tree per work (num_draft_slots + 1 nodes), drafted with depth - 1 forwards."""
+        """One tree per work, drafted with depth - 1 forwards: num_draft_tokens nodes, fewer when
+        the work reserved fewer slots (its slots past num_draft_tokens - 1 are context lookup's)."""
         top_k, batch = self.spec.top_k, len(works)
         pool = CandidatePool()
         logprobs = self._logprobs(root_hidden[:, None, :])  # [B, 1, V]
@@ -155,9 +156,10 @@ class Drafter:
 
         roots = torch.tensor([w.token_ids[-1] for w in works], device=self.device)
         trees: dict[int, DraftTree] = {}
-        for num_nodes in {w.num_draft_slots + 1 for w in works}:
+        sizes = [min(w.num_draft_slots, self.spec.num_draft_tokens - 1) + 1 for w in works]
+        for num_nodes in set(sizes):
             trees[num_nodes] = pool.select(roots, num_nodes)
-        return [_row(trees[w.num_draft_slots + 1], b) for b, w in enumerate(works)]
+        return [_row(trees[num_nodes], b) for b, num_nodes in enumerate(sizes)]
 
     def _tree_level_input(
         self, work: SeqWork, row: int, level: int, tokens: torch.Tensor, lineage: torch.Tensor

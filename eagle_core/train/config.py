@@ -135,10 +135,15 @@ class EvalConfig:
     tree: tuple[int, ...] | None = None
     """(num_draft_tokens, depth, top_k) to measure with; None: the server's default on this
     machine, which differs between CPUs with and without native bf16 (config.SpecDefaults)."""
+    lookup_tokens: int | None = None
+    """Context-lookup draft tokens on top of the tree (--lookup-tokens; 0: the head's drafts
+    alone); None: the server's default on this machine."""
 
     def __post_init__(self) -> None:
         if self.tree is not None and (len(self.tree) != 3 or min(self.tree) < 1):
             raise ValueError(f"eval.tree must be [num_draft_tokens, depth, top_k], each >= 1; got {list(self.tree)}")
+        if self.lookup_tokens is not None and self.lookup_tokens < 0:
+            raise ValueError(f"eval.lookup_tokens must be >= 0, got {self.lookup_tokens}")
 
 
 @dataclass(frozen=True)

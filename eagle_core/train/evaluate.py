@@ -109,11 +109,14 @@ def draft_weights(cfg: TrainConfig) -> str:
 
 
 def eval_tree(cfg: TrainConfig) -> dict:
-    """The draft tree _engine runs: eval.tree, else the server's default for this machine."""
+    """The draft tree _engine runs: eval.tree and eval.lookup_tokens, else the server's defaults
+    for this machine."""
     from eagle_core.worker.worker import spec_defaults
 
-    tree = cfg.eval.tree or spec_defaults(*_device_dtype(cfg))[:3]
-    return dict(zip(("num_draft_tokens", "depth", "top_k"), tree, strict=True))
+    defaults = spec_defaults(*_device_dtype(cfg))
+    tree = dict(zip(("num_draft_tokens", "depth", "top_k"), cfg.eval.tree or defaults[:3], strict=True))
+    lookup = defaults.lookup_tokens if cfg.eval.lookup_tokens is None else cfg.eval.lookup_tokens
+    return {**tree, "lookup_tokens": lookup}
 
 
 def acceptance(llm, conversations: list[list[dict]], temperature: float, max_tokens: int,

@@ -4,6 +4,8 @@ Per step:
   1. drafter.catch_up: the sequences that draft this step feed their owed draft entries (one
      packed draft forward);
   2. drafter.build_trees: depth - 1 batched draft forwards build each speculating sequence's tree;
+     context lookup grafts onto it the tokens that followed the sequence's last few tokens
+     where these occurred before (spec/lookup.py);
   3. ONE target forward over prefill chunks, plain decode tokens and every tree (tree mask,
      depth-based positions);
   4. verification per sequence (greedy or lossless sampling), KV compaction of the accepted path,
@@ -16,6 +18,7 @@ import torch
 
 from eagle_core.batch import ScheduledBatch, SeqResult, SeqWork, StepResult
 from eagle_core.spec.drafter import Drafter
+from eagle_core.spec.lookup import ContextLookup, graft_chain
 from eagle_core.spec.tree import DraftTree
 from eagle_core.spec.verify import Verification, verify_greedy, verify_sampling
 from eagle_core.worker.inputs import SeqInput
@@ -24,16 +27,18 @@ from eagle_core.worker.sampler import Sampler
 
 
 class SpecRunner:
-    def __init__(self, target: TargetModel, sampler: Sampler, drafter: Drafter):
+    def __init__(self, target: TargetModel, sampler: Sampler, drafter: Drafter, lookup: ContextLookup):
         self.target = target
         self.sampler = sampler
         self.drafter = drafter
+        self.lookup = lookup
         self.layer_ids = getattr(drafter.head, "layer_ids", None)
         """EAGLE-3 reads three intermediate layers; EAGLE-1/2 the final-norm output."""
 
     def execute(self, batch: ScheduledBatch) -> StepResult:
         self.sampler.drop(batch.finished_request_ids)
         self.drafter.drop(batch.finished_request_ids)
+        self.lookup.drop(batch.finished_request_ids)
         if batch.is_empty:
             return StepResult()
         works = batch.seqs
@@ -44,6 +49,9 @@ class SpecRunner:
             spec_works = [works[i] for i in spec_rows]
             stacked = torch.stack([root_hidden[w.request_id] for w in spec_works])  # [B, hidden]
             trees = dict(zip(spec_rows, self.drafter.build_trees(spec_works, stacked)))
+            if self.lookup.max_tokens:
+                for i in spec_rows:
+                    trees[i] = self._graft_lookup(works[i], trees[i])
 
         seqs = [self._tree_input(w, trees[i]) if i in trees else work_input(w) for i, w in enumerate(works)]
         hidden, offsets, all_hidden = self.target.forward(seqs, output_hidden_states=self.layer_ids is not None)
@@ -64,6 +72,13 @@ class SpecRunner:
                 start = end
         self._commit(works, trees, results, features, offsets)
         return StepResult(results)
+
+    def _graft_lookup(self, work: SeqWork, tree: DraftTree) -> DraftTree:
+        room = work.num_draft_slots - (tree.num_nodes - 1)  # slots the head's tree left free
+        if room <= 0:
+            return tree
+        chain = self.lookup.chain(work.request_id, work.prompt_token_ids + work.output_token_ids)
+        return graft_chain(tree, chain, room) if chain else tree
 
     def _tree_input(self, work: SeqWork, tree: DraftTree) -> SeqInput:
         start = work.start_pos

@@ -22,6 +22,7 @@ from eagle_core.kv import blocks_needed
 from eagle_core.spec.draft_head import load_draft_head
 from eagle_core.spec.drafter import Drafter
 from eagle_core.spec.int8_linear import quantize_linears, wants_int8
+from eagle_core.spec.lookup import ContextLookup
 from eagle_core.worker import attention
 from eagle_core.worker.kv_storage import KVStorage
 from eagle_core.worker.loader import cpu_has_native_bf16, dtype_name, load_model
@@ -108,14 +109,15 @@ class Worker:
             dtype=self.dtype,
             device=self.device,
         )
-        self.num_draft_slots = spec.num_draft_tokens - 1
+        self.num_draft_slots = spec.num_draft_tokens - 1 + spec.lookup_tokens
         logger.info(
-            "EAGLE draft head %s (%s%s): tree of %d tokens, depth %d, top-k %d; speculating while %s",
+            "EAGLE draft head %s (%s%s): tree of %d tokens, depth %d, top-k %d, up to %d context "
+            "lookup tokens; speculating while %s",
             spec.draft, self.draft_head.kind, ", int8 weights" if quantized else "",
-            spec.num_draft_tokens, spec.depth, spec.top_k,
+            spec.num_draft_tokens, spec.depth, spec.top_k, spec.lookup_tokens,
             f"at most {spec.max_batch} sequences run" if spec.max_batch else "any number of sequences run",
         )
-        return SpecRunner(self.target, self.sampler, drafter)
+        return SpecRunner(self.target, self.sampler, drafter, ContextLookup(spec.lookup_tokens))
 
 
 # The EAGLE head this project trains for its default model ships inside the package.
@@ -160,7 +162,7 @@ def derive_config(config: EngineConfig, model_config, dtype, device) -> EngineCo
         per_token = KVStorage.bytes_per_token(*kv_shape(model_config), dtype)
         tokens = int(cache.kv_cache_memory_gb * 2**30) // per_token
     tokens = blocks_needed(tokens, cache.block_size) * cache.block_size
-    needed = max_model_len + spec.num_draft_tokens
+    needed = max_model_len + spec.num_draft_tokens + spec.lookup_tokens
     if tokens < needed:
         raise ValueError(
             f"KV budget of {tokens} tokens cannot hold one full-length sequence ({needed} tokens); "

@@ -27,7 +27,7 @@ from tests.e2e.server_process import ServerProcess, start_server, stop_server
 pytestmark = pytest.mark.e2e
 
 MODEL = "tiny-oracle"
-NUM_DRAFT_TOKENS, DEPTH, TOP_K = 8, 3, 2
+NUM_DRAFT_TOKENS, DEPTH, TOP_K = 8, 3, 2  # no context lookup: the depth counts below are the head's
 _CONFIG_ATTR = "_eagle_metrics_test_server"  # one server per session, shared by two files
 
 
@@ -42,7 +42,7 @@ def metrics_server(request, tmp_path_factory, tiny_llama_dir: Path) -> ServerPro
         head = oracle_head_dir(target, root / "oracle")
         args = ["--model", str(target), "--draft", str(head), "--served-model-name", MODEL,
                 "--num-draft-tokens", str(NUM_DRAFT_TOKENS), "--draft-depth", str(DEPTH),
-                "--draft-top-k", str(TOP_K), "--spec-max-batch", "0", "--device", "cpu", "--dtype", "float32",
+                "--draft-top-k", str(TOP_K), "--lookup-tokens", "0", "--spec-max-batch", "0", "--device", "cpu", "--dtype", "float32",
                 "--max-num-seqs", "4"]  # fmt: skip
         server = start_server(args, root / "server.log")
         setattr(request.config, _CONFIG_ATTR, server)
@@ -223,4 +223,4 @@ def test_metrics_move_with_the_requests(server: ServerProcess):
     info = dict(labels)
     assert info["draft"].endswith("oracle") and info["dtype"] == "float32"
     assert info["device"] == "cpu" and info["draft_weights"] == "float32"  # int8 is for bf16 models
-    assert info["tree"] == f"num_draft_tokens={NUM_DRAFT_TOKENS},depth={DEPTH},top_k={TOP_K}"
+    assert info["tree"] == f"num_draft_tokens={NUM_DRAFT_TOKENS},depth={DEPTH},top_k={TOP_K},lookup_tokens=0"

@@ -11,7 +11,8 @@ from eagle_core import SamplingParams, SpecConfig
 from eagle_core.errors import ModelLoadError
 from eagle_core.spec import verify as verify_module
 from eagle_core.spec.int8_linear import Int8Linear
-from tests.engine_helpers import make_engine, random_prompts, run_staggered
+from eagle_core.spec.lookup import ContextLookup
+from tests.engine_helpers import hf_greedy, make_engine, random_prompts, run_staggered
 from tests.models import TINY_VOCAB_SIZE
 from tests.spec_helpers import bigram_target_dir, oracle_head_dir, random_head_dir
 
@@ -208,3 +209,74 @@ def test_sampling_under_speculation_matches_the_target_distribution(bigram, monk
     biased_engine = make_engine(target, draft=str(oracle), spec=spec, max_num_seqs=64)
     biased_counts = _first_three_counts(biased_engine, prompt, params, num_samples)
     assert _chi_square_pvalue(biased_counts, exact, num_samples) < 1e-6
+
+
+def _tau(engine) -> float:
+    stats = engine.stats
+    return 1 + stats["spec_num_accepted_tokens"] / stats["spec_num_drafts"]
+
+
+def test_context_lookup_drafts_a_looping_target_and_stays_exact(bigram, tmp_path):
+    """The bigram target's greedy text soon cycles; once it does, the lookup chain predicts it
+    while the random head's drafts stay wrong. Output equals plain decoding either way."""
+    target, _ = bigram
+    head = random_head_dir(target, tmp_path / "head")
+    prompts = random_prompts(15, [3, 8, 13, 21], TINY_VOCAB_SIZE)
+    params = SamplingParams(temperature=0, max_tokens=80, ignore_eos=True)
+    plain = run_staggered(make_engine(target), prompts, params)
+    taus = {}
+    for lookup in (0, 6):
+        engine = make_engine(target, draft=str(head), spec=SpecConfig(lookup_tokens=lookup))
+        assert run_staggered(engine, prompts, params) == plain
+        taus[lookup] = _tau(engine)
+        if lookup:  # lookup nodes were verified on top of the head's 7
+            assert engine.stats["spec_num_draft_tokens"] > 7 * engine.stats["spec_num_drafts"]
+        else:
+            assert engine.stats["spec_num_draft_tokens"] <= 7 * engine.stats["spec_num_drafts"]
+    assert taus[0] < 1.2 and taus[6] > 1.8, taus  # measured 1.00 and 2.20
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_lookup_chains_grafted_onto_the_tree_decode_exactly(tiny_model_dirs, tmp_path, monkeypatch, arch):
+    """Real attention this time (the bigram target ignores positions and masks): an oracle in
+    place of the n-gram index proposes the plain continuation, cut wrong after 0-3 tokens, so
+    grafted nodes are accepted at varying depths next to the random head's rejected ones."""
+    model_dir = tiny_model_dirs[arch]
+    head = random_head_dir(model_dir, tmp_path / "head")
+    prompts = random_prompts(16, [3, 8, 13, 21, 30], TINY_VOCAB_SIZE)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    plain = run_staggered(make_engine(model_dir), prompts, params)
+
+    def oracle_chain(self, request_id, tokens):
+        done = len(tokens) - len(prompts[int(request_id)])  # output tokens so far
+        chain = list(plain[request_id][done : done + self.max_tokens])
+        wrong_at = done % 4
+        if wrong_at < len(chain):
+            chain[wrong_at] = (chain[wrong_at] + 1) % TINY_VOCAB_SIZE
+        return chain
+
+    monkeypatch.setattr(ContextLookup, "chain", oracle_chain)
+    engine = make_engine(model_dir, draft=str(head), spec=SpecConfig(lookup_tokens=5))
+    assert run_staggered(engine, prompts, params) == plain
+    assert _tau(engine) > 2.0  # the cut chains alone would give ~2.5
+    assert max(i for i, n in enumerate(engine.stats["spec_accepted_per_position"]) if n) == 2  # depth 3
+
+
+def test_sampling_with_context_lookup_matches_the_target_distribution(bigram, tmp_path):
+    """Lookup chains are deterministic drafts like the head's: sampling must stay exact. The
+    prompt holds the target's own greedy text twice, so lookup proposes its likely path; the
+    head's tree is the root alone, so every draft token is a lookup one."""
+    target, _ = bigram
+    head = random_head_dir(target, tmp_path / "head")
+    greedy = [5, *hf_greedy(target, [5], 13, eos_ids=set())]  # the target's greedy text from token 5
+    prompt = greedy[:14] + greedy[:6]  # ends in greedy[5]; greedy[5:7] occurred earlier
+    top_k, num_samples = 3, 1500
+    # 5 tokens, of which the first three are compared: the second step has room for 3 drafts
+    params = dict(temperature=1.0, top_k=top_k, max_tokens=5, ignore_eos=True)
+    exact = _exact_first_three(target, prompt, top_k)
+    spec = SpecConfig(num_draft_tokens=1, depth=1, top_k=1, lookup_tokens=4)
+    engine = make_engine(target, draft=str(head), spec=spec, max_num_seqs=64)
+    counts = _first_three_counts(engine, prompt, params, num_samples)
+    stats = engine.stats
+    assert stats["spec_num_draft_tokens"] > stats["spec_num_accepted_tokens"] > 0.2 * num_samples
+    assert _chi_square_pvalue(counts, exact, num_samples) > 1e-3

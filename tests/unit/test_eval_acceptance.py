@@ -51,10 +51,11 @@ def test_eval_tree_is_the_configured_one_or_the_machines_default(monkeypatch):
     from eagle_core.train.config import EvalConfig, TrainConfig
     from eagle_core.worker import worker
 
-    assert evaluate.eval_tree(TrainConfig(eval=EvalConfig(tree=(8, 3, 3)))) == {
-        "num_draft_tokens": 8, "depth": 3, "top_k": 3}
     monkeypatch.setattr(worker, "spec_defaults", lambda device, dtype: NARROW_SPEC)
-    assert evaluate.eval_tree(TrainConfig()) == {"num_draft_tokens": 3, "depth": 2, "top_k": 2}
+    assert evaluate.eval_tree(TrainConfig(eval=EvalConfig(tree=(8, 3, 3), lookup_tokens=0))) == {
+        "num_draft_tokens": 8, "depth": 3, "top_k": 3, "lookup_tokens": 0}
+    assert evaluate.eval_tree(TrainConfig()) == {
+        "num_draft_tokens": 3, "depth": 2, "top_k": 2, "lookup_tokens": NARROW_SPEC.lookup_tokens}
 
 
 @pytest.mark.parametrize("tree", [(8, 3), (8, 0, 3)])

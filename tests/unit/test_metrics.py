@@ -55,8 +55,8 @@ def stub_client(engine=None, stats=None) -> SimpleNamespace:
     )
 
 
-def stub_engine(draft: str | None = "/heads/tiny", depth: int = 3) -> SimpleNamespace:
-    spec = SpecConfig(draft=draft, num_draft_tokens=8, depth=depth, top_k=2)
+def stub_engine(draft: str | None = "/heads/tiny", depth: int = 3, lookup: int = 0) -> SimpleNamespace:
+    spec = SpecConfig(draft=draft, num_draft_tokens=8, depth=depth, top_k=2, lookup_tokens=lookup)
     return SimpleNamespace(
         model_name="org/tiny-llama",
         config=EngineConfig(spec=spec),
@@ -214,6 +214,11 @@ def test_engine_counters_export_their_increase():
     assert value(m, "eagle_spec_decode_fallback_total", reason="token_budget") == 2
     assert value(m, "eagle_spec_decode_fallback_total", reason="length_cap") == 1
     assert value(m, "eagle_kv_cache_usage_perc") == 0.25
+    # A context lookup chain reaches further than the head's tree.
+    m, client = make_metrics(engine=stub_engine(depth=3, lookup=5))
+    client.engine_stats = spec_stats(2, 14, 3, [2, 1, 0, 0, 0, 0, 0])
+    text = m.render().decode()
+    assert 'position="4"' in text and 'position="5"' not in text
 
 
 def test_a_plain_engine_exports_no_positions_and_an_info_without_draft():
@@ -225,7 +230,7 @@ def test_a_plain_engine_exports_no_positions_and_an_info_without_draft():
 
 
 def test_model_info_names_model_draft_dtype_device_and_tree():
-    m, _ = make_metrics(engine=stub_engine())
+    m, _ = make_metrics(engine=stub_engine(lookup=4))
     m.render()
     families = {f.name: f for f in text_string_to_metric_families(m.render().decode())}
     (sample,) = families["eagle_model_info"].samples
@@ -236,7 +241,7 @@ def test_model_info_names_model_draft_dtype_device_and_tree():
         "draft": "/heads/tiny",
         "dtype": "float32",
         "device": "cpu",
-        "tree": "num_draft_tokens=8,depth=3,top_k=2",
+        "tree": "num_draft_tokens=8,depth=3,top_k=2,lookup_tokens=4",
         "draft_weights": "int8",
     }
     assert model_info(stub_engine(draft=None))["tree"] == "none"
@@ -294,10 +299,11 @@ def test_request_and_queue_buckets():
 
 
 def test_acceptance_length_buckets_are_the_integers():
-    """An acceptance length is an integer 1..depth+1: one edge per integer makes each bucket
+    """An acceptance length is an integer 1..depth+1 (or lookup_tokens+1): one edge per integer makes each bucket
     hold exactly one value, so the heatmap shows the true distribution."""
     assert ACCEPTANCE_LENGTH_BUCKETS == tuple(float(k) for k in range(1, 17))
-    assert max(WIDE_SPEC.depth, NARROW_SPEC.depth) + 1 <= ACCEPTANCE_LENGTH_BUCKETS[-1]
+    longest = max(max(spec.depth, spec.lookup_tokens) for spec in (WIDE_SPEC, NARROW_SPEC))
+    assert longest + 1 <= ACCEPTANCE_LENGTH_BUCKETS[-1]
 
 
 def test_token_count_buckets_reach_long_contexts():
