@@ -92,7 +92,8 @@ def main() -> None:
         print(f"c={concurrency}: plain {rates['plain']:.1f} tok/s, eagle {rates['eagle']:.1f} tok/s, "
               f"{row['eagle_vs_plain']:.2f}x ({row['eagle_drafted_steps']} drafted sequence-steps)", flush=True)
     spec = engines["eagle"].engine.config.spec
-    settings = {**vars(args), "tree": [spec.num_draft_tokens, spec.depth, spec.top_k], "spec_max_batch": spec.max_batch,
+    settings = {**vars(args), "tree": [spec.num_draft_tokens, spec.depth, spec.top_k],
+                "lookup_tokens": spec.lookup_tokens, "spec_max_batch": spec.max_batch,
                 "dtype_resolved": dtype_name(engines["eagle"].engine.worker.dtype)}
     out = write_result(args.out, "closed-loop", {"settings": settings, "rows": rows})
     print(f"wrote {out}")

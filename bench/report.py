@@ -25,7 +25,9 @@ def markdown(results: dict) -> str:
         f"- machine: {m['cpu']} ({m['cpu_count']} cores, {m['memory_gb']} GB)" + (f", GPU {m['gpu']}" if m.get("gpu") else ""),
         f"- model `{s['model']}`, dtype {s.get('resolved_dtype', s['dtype'])}, device {s.get('resolved_device', s['device'])};"
         f" draft `{s['draft']}`; tree {s['tree']['num_draft_tokens']} tokens, depth {s['tree']['depth']},"
-        f" top-k {s['tree']['top_k']}" + (f" (EAGLE server flags: `{s['spec_args']}`)" if s.get("spec_args") else ""),
+        f" top-k {s['tree']['top_k']}"
+        + (f", up to {s['tree']['lookup_tokens']} context-lookup tokens" if s["tree"].get("lookup_tokens") else "")
+        + (f" (EAGLE server flags: `{s['spec_args']}`)" if s.get("spec_args") else ""),
         f"- max_tokens {s['max_tokens']}" + (" (EOS ignored)" if s.get("ignore_eos") else ", stopping at EOS")
         + f"; MT-bench {s['mt_bench_questions']} questions x {s.get('mt_bench_turns', 2)} turn(s), HumanEval {s['humaneval_problems']} problems;"
         f" commit {results['versions'].get('git_commit')}",

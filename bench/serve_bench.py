@@ -545,7 +545,7 @@ def settings_of(args: argparse.Namespace) -> dict:
     settings["resolved_dtype"] = dtype_name(dtype)
     defaults = spec_defaults(device, dtype)  # the servers' tree unless --spec-args sets one
     settings["tree"] = {"num_draft_tokens": defaults.num_draft_tokens, "depth": defaults.depth, "top_k": defaults.top_k,
-                        "overridden_by_spec_args": bool(args.spec_args)}
+                        "lookup_tokens": defaults.lookup_tokens, "overridden_by_spec_args": bool(args.spec_args)}
     settings["spec_max_batch"] = defaults.max_batch
     settings["draft"] = str(Path(args.draft).resolve())
     return settings
