@@ -14,10 +14,9 @@ incremental "last occurrence of this suffix" lookup over a growing token list.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
+from eagle_core.batch import token_range
 from eagle_core.spec.tree import DraftTree, ancestor_mask_from_parents
 
 MIN_NGRAM, MAX_NGRAM = 2, 4
@@ -39,18 +38,24 @@ class NgramIndex:
         self.num_indexed = 0
         """n-grams ending at positions < num_indexed are in next_pos."""
 
-    def continuation(self, tokens: Sequence[int], max_tokens: int) -> list[int]:
+    def continuation(self, prompt: list[int], output: list[int], max_tokens: int) -> list[int]:
         """Up to `max_tokens` tokens that followed the latest earlier occurrence of the longest
-        matching suffix of `tokens`; empty when no suffix of MIN_NGRAM tokens or more occurred."""
-        last = len(tokens) - 1
-        for end in range(self.num_indexed, last):  # index every position but the last
-            for n in range(MIN_NGRAM, min(MAX_NGRAM, end + 1) + 1):
-                self.next_pos[tuple(tokens[end - n + 1 : end + 1])] = end + 1
-        self.num_indexed = max(self.num_indexed, last)
-        for n in range(min(MAX_NGRAM, len(tokens)), MIN_NGRAM - 1, -1):
-            start = self.next_pos.get(tuple(tokens[len(tokens) - n :]))
+        matching suffix of prompt + output; empty when no suffix of MIN_NGRAM tokens or more
+        occurred. Reads only the tokens it needs (token_range): no copy of a long context."""
+        length = len(prompt) + len(output)
+        last = length - 1
+        if self.num_indexed < last:  # index every position but the last
+            first = max(0, self.num_indexed - MAX_NGRAM + 1)
+            span = token_range(prompt, output, first, last)  # tokens first .. last - 1
+            for end in range(self.num_indexed, last):
+                for n in range(MIN_NGRAM, min(MAX_NGRAM, end + 1) + 1):
+                    self.next_pos[tuple(span[end - first - n + 1 : end - first + 1])] = end + 1
+            self.num_indexed = last
+        tail = token_range(prompt, output, max(0, length - MAX_NGRAM), length)
+        for n in range(min(MAX_NGRAM, len(tail)), MIN_NGRAM - 1, -1):
+            start = self.next_pos.get(tuple(tail[len(tail) - n :]))
             if start is not None:
-                return list(tokens[start : start + max_tokens])
+                return token_range(prompt, output, start, min(start + max_tokens, length))
         return []
 
 
@@ -65,13 +70,13 @@ class ContextLookup:
         for request_id in request_ids:
             self.indexes.pop(request_id, None)
 
-    def chain(self, request_id: str, tokens: Sequence[int]) -> list[int]:
-        """The lookup draft after `tokens` (prompt + output so far, ending at the root).
+    def chain(self, request_id: str, prompt: list[int], output: list[int]) -> list[int]:
+        """The lookup draft after prompt + output (the output ends at the root).
 
         The index only ever grows with the token list, which a preemption keeps, so it stays
         valid for the request's whole life."""
         index = self.indexes.setdefault(request_id, NgramIndex())
-        return index.continuation(tokens, self.max_tokens)
+        return index.continuation(prompt, output, self.max_tokens)
 
 
 def graft_chain(tree: DraftTree, chain: list[int], room: int) -> DraftTree:

@@ -77,10 +77,12 @@ class SpecRunner:
         room = work.num_draft_slots - (tree.num_nodes - 1)  # slots the head's tree left free
         if room <= 0:
             return tree
-        chain = self.lookup.chain(work.request_id, work.prompt_token_ids + work.output_token_ids)
+        chain = self.lookup.chain(work.request_id, work.prompt_token_ids, work.output_token_ids)
         return graft_chain(tree, chain, room) if chain else tree
 
     def _tree_input(self, work: SeqWork, tree: DraftTree) -> SeqInput:
+        # The tree's nodes past the root are written into the KV slots the scheduler reserved.
+        assert tree.num_nodes <= work.num_draft_slots + 1, (tree.num_nodes, work.num_draft_slots)
         start = work.start_pos
         return SeqInput(
             token_ids=tree.token_ids[0],

@@ -28,36 +28,38 @@ def test_longest_suffix_wins_over_a_later_shorter_match():
     # suffix (1, 2, 3): its 3-gram occurred at 0..2 (followed by 7); the 2-gram (2, 3) also
     # occurred later, at 5..6 (followed by 9): the longer match is the better evidence.
     tokens = [1, 2, 3, 7, 8, 2, 3, 9, 1, 2, 3]
-    assert NgramIndex().continuation(tokens, 3) == [7, 8, 2]
+    assert NgramIndex().continuation(tokens, [], 3) == [7, 8, 2]
+    assert NgramIndex().continuation(tokens[:4], tokens[4:], 3) == [7, 8, 2]  # prompt + output
 
 
 def test_latest_occurrence_wins_and_the_suffix_never_matches_itself():
     tokens = [5, 6, 1, 5, 6, 2, 5, 6]
-    assert NgramIndex().continuation(tokens, 2) == [2, 5]
-    assert NgramIndex().continuation([4, 5, 6], 4) == []  # only the suffix itself
-    assert NgramIndex().continuation([3, 3, 3], 4) == [3]  # overlapping: (3, 3) ended at 1, then 3
+    assert NgramIndex().continuation(tokens, [], 2) == [2, 5]
+    assert NgramIndex().continuation([4, 5], [6], 4) == []  # only the suffix itself
+    assert NgramIndex().continuation([3], [3, 3], 4) == [3]  # overlapping: (3, 3) ended at 1, then 3
 
 
 def test_single_token_suffixes_are_not_matched():
     assert MIN_NGRAM == 2
-    assert NgramIndex().continuation([8, 1, 9, 8], 4) == []
+    assert NgramIndex().continuation([8, 1, 9, 8], [], 4) == []
 
 
 def test_incremental_index_equals_a_fresh_scan():
     rng = random.Random(0)
-    tokens: list[int] = []
+    prompt = [rng.randrange(6) for _ in range(9)]
+    output: list[int] = []
     index = NgramIndex()
     for step in range(400):
         # small vocabulary, sometimes a burst of several tokens (an accepted draft path)
-        tokens += [rng.randrange(6) for _ in range(rng.choice([1, 1, 2, 4]))]
-        assert index.continuation(tokens, 5) == naive_continuation(tokens, 5), step
+        output += [rng.randrange(6) for _ in range(rng.choice([1, 1, 2, 4]))]
+        assert index.continuation(prompt, output, 5) == naive_continuation(prompt + output, 5), step
 
 
 def test_context_lookup_keeps_one_index_per_request_and_drops_it():
     lookup = ContextLookup(max_tokens=3)
-    assert lookup.chain("a", [1, 2, 3, 4, 1, 2]) == [3, 4, 1]
-    assert lookup.chain("b", [1, 2]) == []
-    assert lookup.chain("a", [1, 2, 3, 4, 1, 2, 3, 4, 9, 3, 4]) == [9, 3, 4]  # latest (3, 4)
+    assert lookup.chain("a", [1, 2, 3, 4], [1, 2]) == [3, 4, 1]
+    assert lookup.chain("b", [1], [2]) == []
+    assert lookup.chain("a", [1, 2, 3, 4], [1, 2, 3, 4, 9, 3, 4]) == [9, 3, 4]  # latest (3, 4)
     lookup.drop(["a", "missing"])
     assert set(lookup.indexes) == {"b"}
 
