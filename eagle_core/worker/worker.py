@@ -162,7 +162,8 @@ def derive_config(config: EngineConfig, model_config, dtype, device) -> EngineCo
         per_token = KVStorage.bytes_per_token(*kv_shape(model_config), dtype)
         tokens = int(cache.kv_cache_memory_gb * 2**30) // per_token
     tokens = blocks_needed(tokens, cache.block_size) * cache.block_size
-    needed = max_model_len + spec.num_draft_tokens + spec.lookup_tokens
+    # A decoding sequence also holds its draft slots (tree + lookup), with a draft head only.
+    needed = max_model_len + (spec.num_draft_tokens + spec.lookup_tokens if spec.draft else 0)
     if tokens < needed:
         raise ValueError(
             f"KV budget of {tokens} tokens cannot hold one full-length sequence ({needed} tokens); "

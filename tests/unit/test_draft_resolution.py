@@ -89,3 +89,8 @@ def test_derived_config_fills_the_defaults_and_reserves_the_tree_slots():
     with pytest.raises(ValueError, match="cannot hold one full-length sequence"):
         derive(SpecConfig(num_draft_tokens=8))
     assert derive(SpecConfig(num_draft_tokens=8, lookup_tokens=0)).spec.num_draft_tokens == 8
+    # without a draft head no slot is held: KV for exactly one full sequence is enough
+    exact = CacheConfig(kv_cache_tokens=256, block_size=1)
+    worker.derive_config(EngineConfig(cache=exact, spec=SpecConfig(draft=None)), model_config, torch.float32, cpu)
+    with pytest.raises(ValueError, match="cannot hold one full-length sequence"):
+        worker.derive_config(EngineConfig(cache=exact, spec=SpecConfig()), model_config, torch.float32, cpu)
