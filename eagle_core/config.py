@@ -86,10 +86,11 @@ AVX512-BF16/AMX, fp32, T=0. Trees at batch 1 on MT-bench questions 11-30 (python
 bench.tree_sizes --dtype float32, bench/results/tree-sizes-2026-12-01-vm-fp32-q11-30.json):
 3/2/2 1.22x (tau 1.63), 3/2/1 1.21x, 3/1/2 1.24x, 2/1/1 1.24x (tau 1.41), 4/2/2 1.01x, 8/3/3
 1.01x (tau 1.94); 3/2/2 keeps the most tau of the narrow trees, so a stronger head gains most
-from it. With 8 lookup tokens (bench/results/tree-sizes-2026-12-01-vm-fp32-q11-30-lookup-trees.json):
-3/2/2+8 1.36x (tau 1.95), 3/1/2+8 1.40x (1.85), 2/1/1+8 1.30x, 4/2/2+8 1.23x; the first three
-lie within this VM's noise of each other, so 3/2/2 stays. Speculating with 3/2/2 at every batch size (bench/results/engine-2026-12-01-vm-4.json):
-1.09x / 0.79x / 0.66x / 0.92x / 0.89x at 1 / 2 / 3 / 4 / 8 requests in lockstep, hence batch
+from it. With 8 lookup tokens
+(bench/results/tree-sizes-2026-12-01-vm-fp32-q11-30-lookup-trees.json): 3/2/2+8 1.36x (tau
+1.95), 3/1/2+8 1.40x (1.85), 2/1/1+8 1.30x, 4/2/2+8 1.23x; the first three lie within this VM's
+noise of each other, so 3/2/2 stays. Speculating with 3/2/2 at every batch size
+(bench/results/engine-2026-12-01-vm-4.json): 1.09x / 0.79x / 0.66x / 0.92x / 0.89x at 1 / 2 / 3 / 4 / 8 requests in lockstep, hence batch
 1 only; in a closed loop (answers ending at EOS, python -m bench.closed_loop) limits 4 and 1
 measured alike at 2 clients (1.05x / 1.03x)."""
 
@@ -99,8 +100,9 @@ class SpecConfig:
     draft: str | None = AUTO_DRAFT
     """Path of an EAGLE draft head; "auto" uses the shipped head of the default model (plain
     decoding for other models); None disables speculation."""
-    # The next four and lookup_tokens, left None, take the hardware's SpecDefaults at start-up (`with_defaults`,
-    # from worker.spec_defaults): WIDE_SPEC or NARROW_SPEC. Set any of them to override it.
+    # The next four and lookup_tokens, left None, take the hardware's SpecDefaults at start-up
+    # (`with_defaults`, from worker.spec_defaults): WIDE_SPEC or NARROW_SPEC. Set any of them to
+    # override it.
     num_draft_tokens: int | None = None
     """Tree size including the root (the last sampled token): tokens verified per sequence per step."""
     depth: int | None = None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from eagle_core.batch import token_range
-from eagle_core.spec.tree import DraftTree, ancestor_mask_from_parents
+from eagle_core.spec.tree import DraftTree
 
 MIN_NGRAM, MAX_NGRAM = 2, 4
 """Suffix lengths tried, longest first. A 1-token suffix matches at most steps but proposes the
@@ -101,11 +101,7 @@ def graft_chain(tree: DraftTree, chain: list[int], room: int) -> DraftTree:
     if len(token_ids) == num_old:
         return tree
     device = tree.token_ids.device
-    parents_t = torch.tensor([parents], dtype=torch.long, device=device)  # [1, N']
-    ancestor_mask = ancestor_mask_from_parents(parents_t)  # [1, N', N']
-    return DraftTree(
-        torch.tensor([token_ids], dtype=torch.long, device=device),
-        parents_t,
-        ancestor_mask.sum(dim=-1) - 1,
-        ancestor_mask,
+    return DraftTree.from_parents(
+        torch.tensor([token_ids], dtype=torch.long, device=device),  # [1, N']
+        torch.tensor([parents], dtype=torch.long, device=device),  # [1, N']
     )

@@ -47,6 +47,13 @@ class DraftTree:
     depths: torch.Tensor  # [B, N] long, root depth 0
     ancestor_mask: torch.Tensor  # [B, N, N] bool, [b, i, j] iff j == i or j is an ancestor of i
 
+    @classmethod
+    def from_parents(cls, token_ids: torch.Tensor, parents: torch.Tensor) -> DraftTree:
+        """A tree from its tokens and parent indices ([B, N] each, parents first); depths and
+        the ancestor mask follow from the parents."""
+        ancestor_mask = ancestor_mask_from_parents(parents)  # [B, N, N]
+        return cls(token_ids, parents, ancestor_mask.sum(dim=-1) - 1, ancestor_mask)
+
     @property
     def batch_size(self) -> int:
         return self.token_ids.shape[0]
@@ -238,9 +245,7 @@ def select_tree(
         ],
         dim=1,
     )
-    ancestor_mask = ancestor_mask_from_parents(parents)
-    depths = ancestor_mask.sum(dim=-1) - 1
-    return DraftTree(token_ids, parents, depths, ancestor_mask)
+    return DraftTree.from_parents(token_ids, parents)
 
 
 def ancestor_mask_from_parents(parents: torch.Tensor) -> torch.Tensor:
