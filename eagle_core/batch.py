@@ -44,7 +44,8 @@ class SeqWork:
     sample: bool
     """True when token_ids end at the last known token: the worker must return new tokens."""
     num_draft_slots: int
-    """KV slots reserved past token_ids for this step's draft tree (0 = plain decoding)."""
+    """KV slots reserved past token_ids for this step's draft tree (0 = plain decoding): the
+    draft head's tree, then context lookup's tokens (spec/lookup.py) where budget was left."""
     params: SamplingParams
     prompt_token_ids: list[int]
     output_token_ids: list[int]
@@ -52,8 +53,14 @@ class SeqWork:
     max_new_tokens: int
     """Most tokens the worker may return this step (max_tokens and context length left)."""
     draft_skip_reason: str | None = None
-    """Why a decode step of a speculating engine got no draft slots ("length_cap",
-    "token_budget", "batch_size"); None otherwise."""
+    """Why a decode step of a speculating engine gets no tree from the draft head ("length_cap",
+    "token_budget", "batch_size"); None otherwise. A "batch_size" step may still hold slots
+    for context lookup's tokens."""
+
+    @property
+    def drafts_with_head(self) -> bool:
+        """The draft head builds this step's tree (else it is plain decoding, or lookup only)."""
+        return self.num_draft_slots > 0 and self.draft_skip_reason is None
 
 
 @dataclass

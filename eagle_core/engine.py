@@ -87,7 +87,11 @@ class Engine:
         cache = self.config.cache
         self.block_manager = BlockManager(cache.kv_cache_tokens // cache.block_size, cache.block_size)
         self.scheduler = Scheduler(
-            self.config.scheduler, self.block_manager, self.worker.num_draft_slots, self.config.spec.max_batch
+            self.config.scheduler,
+            self.block_manager,
+            num_draft_slots=self.worker.num_tree_slots,
+            max_spec_batch=self.config.spec.max_batch,
+            num_lookup_slots=self.worker.num_lookup_slots,
         )
         self.eos_token_ids = self._eos_ids()
         self._tracked: dict[str, _Tracked] = {}

@@ -4,12 +4,17 @@ Each step it decides which sequences run and how many tokens each computes, unde
 tokens per step (`max_num_batched_tokens`, draft-tree tokens included) and KV blocks. Policy:
 
 1. Running sequences first, oldest first. A decoding sequence computes its one last token plus
-   `num_draft_slots` draft-tree tokens; a sequence still prefilling computes its next chunk.
+   `num_draft_slots` tokens of the draft head's tree (none above `max_spec_batch` running
+   sequences); a sequence still prefilling computes its next chunk.
    When KV blocks run out, the newest running sequence is preempted: its blocks are freed and
    it goes back to the front of the waiting queue, to be recomputed later (prompt + output so
    far are simply prefilled again).
 2. Then, if nothing was preempted, waiting requests are admitted first-come-first-served while
    sequence slots, tokens and blocks remain. Long prompts are split into chunks.
+3. Tokens still left go to context lookup: each decoding sequence, oldest first, gets up to
+   `num_lookup_slots` more draft slots (with or without a head tree). Lookup finds a chain for
+   only about a third of steps, so its slots come last and never crowd out a prefill; they use
+   free KV blocks or room in the sequence's own, never preempting for them.
 
 Every decoding sequence of a step is part of the same worker call, i.e. one target forward.
 """
@@ -31,11 +36,14 @@ class Scheduler:
         block_manager: BlockManager,
         num_draft_slots: int = 0,
         max_spec_batch: int = 0,
+        num_lookup_slots: int = 0,
     ):
         self.config = config
         self.blocks = block_manager
         self.num_draft_slots = num_draft_slots
-        """Draft-tree tokens per decoding sequence per step (tree size minus its root)."""
+        """The draft head's tree tokens per decoding sequence per step (tree size minus its root)."""
+        self.num_lookup_slots = num_lookup_slots
+        """Most context-lookup tokens per decoding sequence per step, from leftover budget."""
         self.max_spec_batch = max_spec_batch
         """Above this many running sequences a step decodes without trees (0: no limit): with a
         big batch the target forward is no longer nearly free for extra tokens, and
@@ -117,8 +125,29 @@ class Scheduler:
             work.append(self._work(request, num_new, 0))
             budget -= num_new
 
+        if self.num_lookup_slots and budget > 0:
+            self._add_lookup_slots(work, budget)
         finished, self._finished_ids = self._finished_ids, []
         return ScheduledBatch(seqs=work, finished_request_ids=finished)
+
+    def _add_lookup_slots(self, work: list[SeqWork], budget: int) -> None:
+        """Give decode steps context-lookup slots from the `budget` tokens nothing else took."""
+        for w in work:
+            if budget < 1:
+                return
+            if not w.sample or len(w.token_ids) != 1 or w.draft_skip_reason not in (None, "batch_size"):
+                continue  # prefill chunks, and steps with no room or budget for any draft
+            request = self.requests[w.request_id]
+            room = request.max_output_tokens - request.num_output_tokens - 1 - w.num_draft_slots
+            reserved = w.start_pos + 1 + w.num_draft_slots
+            extra = min(self.num_lookup_slots, budget, room)
+            if not self.blocks.can_grow(request.block_table, reserved + extra):
+                extra = len(request.block_table) * self.blocks.block_size - reserved  # blocks it holds
+            if extra < 1:
+                continue
+            self.blocks.grow(request.block_table, reserved + extra)
+            w.num_draft_slots += extra
+            budget -= extra
 
     def _plan(self, request: Request, budget: int, speculate: bool) -> tuple[int, int, str | None]:
         """(tokens to compute, draft slots, why a decode step gets no draft slots) for this

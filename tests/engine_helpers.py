@@ -20,15 +20,19 @@ def make_engine(
     max_model_len: int | None = None,
     spec: SpecConfig | None = None,
     dtype: str = "float32",
+    spec_max_batch: int = 0,
     **sched,
 ) -> Engine:
     config = EngineConfig(
         model=ModelConfig(model=str(model_dir), dtype=dtype, device="cpu", max_model_len=max_model_len),
         cache=CacheConfig(kv_cache_tokens=kv_tokens),
         scheduler=dataclasses.replace(SchedulerConfig(), **sched),
-        # Tests of speculation want trees whatever the batch size (no load-based fallback), and
-        # the wide tree unless they pass one: the fp32 CPU default is a small one.
-        spec=dataclasses.replace((spec or SpecConfig()).with_defaults(WIDE_SPEC), draft=draft, max_batch=0),
+        # Tests of speculation want trees whatever the batch size (no load-based fallback) unless
+        # they pass spec_max_batch, and the wide tree unless they pass one: the fp32 CPU default
+        # is a small one.
+        spec=dataclasses.replace(
+            (spec or SpecConfig()).with_defaults(WIDE_SPEC), draft=draft, max_batch=spec_max_batch
+        ),
     )
     return Engine(config)
 

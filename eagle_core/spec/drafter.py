@@ -95,8 +95,8 @@ class Drafter:
     def catch_up(self, works: list[SeqWork]) -> dict[str, torch.Tensor]:
         """Feed owed entries; returns the last entry's output ([hidden]) per request fed.
 
-        Sequences that draft this step are always fed. The others (plain decoding above
-        --spec-max-batch, prefill chunks) keep their features owed: one packed forward over many
+        Sequences whose tree the head drafts this step are always fed. The others (plain or
+        lookup-only decoding above --spec-max-batch, prefill chunks) keep their features owed: one packed forward over many
         owed entries costs about what a forward over one entry per sequence costs, so catching
         every sequence up at every step would tax plain decoding for nothing. They are all fed
         together once any sequence owes spec.defer_limit entries, which bounds the held features."""
@@ -104,7 +104,7 @@ class Drafter:
         flush = any(state.num_pending >= self.spec.defer_limit for state in states)
         seqs, features, owners = [], [], []
         for work, state in zip(works, states):
-            if state.num_pending == 0 or (work.num_draft_slots == 0 and not flush):
+            if state.num_pending == 0 or (not work.drafts_with_head and not flush):
                 continue
             start, count = state.draft_len, state.num_pending
             tokens = token_range(work.prompt_token_ids, work.output_token_ids, start + 1, start + count + 1)

@@ -5,7 +5,8 @@ repeats its own item pattern, a small model loops. Where the sequence's last few
 before, the tokens that followed them then are a cheap draft ("prompt lookup decoding"). They
 take no draft forward; they only widen the verify forward, and only at steps with a match. The
 chain is grafted as one more root path of the head's tree, sharing the nodes the tree already
-has, so verification (greedy or lossless sampling, spec/verify.py) sees one tree as before and
+has (above --spec-max-batch, where the head does not draft, the chain is the whole tree), so
+verification (greedy or lossless sampling, spec/verify.py) sees one tree as before and
 the output is still exactly the target's.
 
 Written by hand: the index is a dict of n-gram tuples kept per request; no library offers an
@@ -14,10 +15,7 @@ incremental "last occurrence of this suffix" lookup over a growing token list.
 
 from __future__ import annotations
 
-import torch
-
 from eagle_core.batch import token_range
-from eagle_core.spec.tree import DraftTree
 
 MIN_NGRAM, MAX_NGRAM = 2, 4
 """Suffix lengths tried, longest first. A 1-token suffix matches at most steps but proposes the
@@ -79,14 +77,15 @@ class ContextLookup:
         return index.continuation(prompt, output, self.max_tokens)
 
 
-def graft_chain(tree: DraftTree, chain: list[int], room: int) -> DraftTree:
-    """`tree` (one sequence) with `chain` added as a path from the root.
+def graft_chain(
+    token_ids: list[int], parents: list[int], chain: list[int], room: int
+) -> tuple[list[int], list[int]]:
+    """A tree's (token ids, parent indices) with `chain` added as a path from the root (node 0).
 
     The chain follows existing nodes while their tokens agree, so a chain the head also drafted
     costs nothing; the rest becomes new nodes appended after the tree's (parents still precede
-    children), at most `room` of them."""
-    token_ids = tree.token_ids[0].tolist()
-    parents = tree.parents[0].tolist()
+    children), at most `room` of them. The inputs are not modified."""
+    token_ids, parents = list(token_ids), list(parents)
     num_old = len(token_ids)
     node = 0
     for token in chain:
@@ -98,10 +97,4 @@ def graft_chain(tree: DraftTree, chain: list[int], room: int) -> DraftTree:
             parents.append(node)
             child = len(token_ids) - 1
         node = child
-    if len(token_ids) == num_old:
-        return tree
-    device = tree.token_ids.device
-    return DraftTree.from_parents(
-        torch.tensor([token_ids], dtype=torch.long, device=device),  # [1, N']
-        torch.tensor([parents], dtype=torch.long, device=device),  # [1, N']
-    )
+    return token_ids, parents

@@ -5,7 +5,8 @@ Per step:
      packed draft forward);
   2. drafter.build_trees: depth - 1 batched draft forwards build each speculating sequence's tree;
      context lookup grafts onto it the tokens that followed the sequence's last few tokens
-     where these occurred before (spec/lookup.py);
+     where these occurred before (spec/lookup.py); above --spec-max-batch, where the head
+     drafts nothing, such a chain is the whole tree;
   3. ONE target forward over prefill chunks, plain decode tokens and every tree (tree mask,
      depth-based positions);
   4. verification per sequence (greedy or lossless sampling), KV compaction of the accepted path,
@@ -43,15 +44,14 @@ class SpecRunner:
             return StepResult()
         works = batch.seqs
         root_hidden = self.drafter.catch_up(works)
-        spec_rows = [i for i, w in enumerate(works) if w.num_draft_slots > 0 and w.request_id in root_hidden]
+        head_rows = [i for i, w in enumerate(works) if w.drafts_with_head and w.request_id in root_hidden]
         trees: dict[int, DraftTree] = {}
-        if spec_rows:
-            spec_works = [works[i] for i in spec_rows]
-            stacked = torch.stack([root_hidden[w.request_id] for w in spec_works])  # [B, hidden]
-            trees = dict(zip(spec_rows, self.drafter.build_trees(spec_works, stacked)))
-            if self.lookup.max_tokens:
-                for i in spec_rows:
-                    trees[i] = self._graft_lookup(works[i], trees[i])
+        if head_rows:
+            head_works = [works[i] for i in head_rows]
+            stacked = torch.stack([root_hidden[w.request_id] for w in head_works])  # [B, hidden]
+            trees = dict(zip(head_rows, self.drafter.build_trees(head_works, stacked)))
+        if self.lookup.max_tokens:
+            self._graft_lookup(works, trees)
 
         seqs = [self._tree_input(w, trees[i]) if i in trees else work_input(w) for i, w in enumerate(works)]
         hidden, offsets, all_hidden = self.target.forward(seqs, output_hidden_states=self.layer_ids is not None)
@@ -73,12 +73,37 @@ class SpecRunner:
         self._commit(works, trees, results, features, offsets)
         return StepResult(results)
 
-    def _graft_lookup(self, work: SeqWork, tree: DraftTree) -> DraftTree:
-        room = work.num_draft_slots - (tree.num_nodes - 1)  # slots the head's tree left free
-        if room <= 0:
-            return tree
-        chain = self.lookup.chain(work.request_id, work.prompt_token_ids, work.output_token_ids)
-        return graft_chain(tree, chain, room) if chain else tree
+    def _graft_lookup(self, works: list[SeqWork], trees: dict[int, DraftTree]) -> None:
+        """Graft each decode step's lookup chain onto its head tree in `trees`, or make it the
+        step's whole tree where the head drafts none (above --spec-max-batch)."""
+        grafts: dict[int, tuple[list[int], int]] = {}  # row -> (chain, free slots)
+        for i, work in enumerate(works):
+            room = work.num_draft_slots - (trees[i].num_nodes - 1 if i in trees else 0)
+            if not work.sample or room <= 0:
+                continue
+            chain = self.lookup.chain(work.request_id, work.prompt_token_ids, work.output_token_ids)
+            if chain:
+                grafts[i] = (chain, room)
+        on_head = [i for i in grafts if i in trees]
+        # The head's trees come to the host in one transfer: on a GPU each transfer waits for
+        # the queued draft forwards, so one per sequence would stall the step that many times.
+        host = [[], []]
+        if on_head:
+            host = torch.cat([torch.stack([trees[i].token_ids[0], trees[i].parents[0]]) for i in on_head], 1).tolist()
+        start = 0
+        for i, (chain, room) in grafts.items():
+            if i in trees:
+                end = start + trees[i].num_nodes
+                tree_tokens, tree_parents = host[0][start:end], host[1][start:end]
+                start = end
+            else:
+                tree_tokens, tree_parents = [works[i].token_ids[-1]], [-1]  # the root alone
+            token_ids, parents = graft_chain(tree_tokens, tree_parents, chain, room)
+            if len(token_ids) > len(tree_tokens):
+                trees[i] = DraftTree.from_parents(
+                    torch.tensor([token_ids], device=self.drafter.device),  # [1, N]
+                    torch.tensor([parents], device=self.drafter.device),  # [1, N]
+                )
 
     def _tree_input(self, work: SeqWork, tree: DraftTree) -> SeqInput:
         # The tree's nodes past the root are written into the KV slots the scheduler reserved.

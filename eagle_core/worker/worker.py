@@ -53,7 +53,12 @@ class Worker:
         cache = self.config.cache
         self.target = TargetModel(loaded, cache.kv_cache_tokens, cache.block_size)
         self.sampler = Sampler(self.device)
+        self.num_tree_slots = 0
+        """Draft-head tree tokens per decoding sequence per step (tree size minus its root)."""
+        self.num_lookup_slots = 0
+        """Context-lookup tokens per decoding sequence per step, on top of the tree."""
         self.num_draft_slots = 0
+        """The most draft slots one sequence can hold in a step: tree and lookup."""
         self.draft_head = None
         self.draft_weights: str | None = None
         """"int8" or the model dtype's name once a draft head is loaded (eagle_model_info)."""
@@ -109,7 +114,9 @@ class Worker:
             dtype=self.dtype,
             device=self.device,
         )
-        self.num_draft_slots = spec.num_draft_tokens - 1 + spec.lookup_tokens
+        self.num_tree_slots = spec.num_draft_tokens - 1
+        self.num_lookup_slots = spec.lookup_tokens
+        self.num_draft_slots = self.num_tree_slots + self.num_lookup_slots
         logger.info(
             "EAGLE draft head %s (%s%s): tree of %d tokens, depth %d, top-k %d, up to %d context "
             "lookup tokens; speculating while %s",

@@ -10,6 +10,7 @@ from scipy import stats
 from eagle_core import SamplingParams, SpecConfig
 from eagle_core.errors import ModelLoadError
 from eagle_core.spec import verify as verify_module
+from eagle_core.spec.drafter import Drafter
 from eagle_core.spec.int8_linear import Int8Linear
 from eagle_core.spec.lookup import ContextLookup
 from tests.engine_helpers import hf_greedy, make_engine, random_prompts, run_staggered
@@ -216,33 +217,44 @@ def _tau(engine) -> float:
     return 1 + stats["spec_num_accepted_tokens"] / stats["spec_num_drafts"]
 
 
-def test_context_lookup_drafts_a_looping_target_and_stays_exact(bigram, tmp_path):
+def test_context_lookup_drafts_a_looping_target_and_stays_exact(bigram, tmp_path, monkeypatch):
     """The bigram target's greedy text soon cycles; once it does, the lookup chain predicts it
-    while the random head's drafts stay wrong. Output equals plain decoding either way."""
+    while the random head's drafts stay wrong. Output equals plain decoding either way, also
+    above --spec-max-batch, where the chain alone is the tree."""
     target, _ = bigram
     head = random_head_dir(target, tmp_path / "head")
     prompts = random_prompts(15, [3, 8, 13, 21], TINY_VOCAB_SIZE)
     params = SamplingParams(temperature=0, max_tokens=80, ignore_eos=True)
     plain = run_staggered(make_engine(target), prompts, params)
+    head_trees = []  # sequences the head drafted a tree for, per step
+    build_trees = Drafter.build_trees
+    monkeypatch.setattr(Drafter, "build_trees", lambda self, works, h: head_trees.append(len(works)) or build_trees(self, works, h))
     taus = {}
-    for lookup in (0, 6):
-        engine = make_engine(target, draft=str(head), spec=SpecConfig(lookup_tokens=lookup))
+    for lookup, max_batch in ((0, 0), (6, 0), (6, 1)):
+        head_trees.clear()
+        engine = make_engine(target, draft=str(head), spec=SpecConfig(lookup_tokens=lookup), spec_max_batch=max_batch)
         assert run_staggered(engine, prompts, params) == plain
-        taus[lookup] = _tau(engine)
+        taus[lookup, max_batch] = _tau(engine)
+        stats = engine.stats
         engine.step()  # hands the worker the last finished request ids
         assert engine.worker.runner.lookup.indexes == {}  # finished requests' indexes dropped
-        if lookup:  # lookup nodes were verified on top of the head's 7
-            assert engine.stats["spec_num_draft_tokens"] > 7 * engine.stats["spec_num_drafts"]
-        else:
-            assert engine.stats["spec_num_draft_tokens"] <= 7 * engine.stats["spec_num_drafts"]
-    assert taus[0] < 1.2 and taus[6] > 1.8, taus  # measured 1.00 and 2.20
+        if max_batch == 0:  # every decode step has a head tree, lookup nodes on top of its 7
+            assert stats["spec_num_drafts"] == sum(head_trees)
+            assert (stats["spec_num_draft_tokens"] > 7 * stats["spec_num_drafts"]) == bool(lookup)
+        else:  # the head drafts only once one sequence is left; before, lookup-only trees
+            assert stats["spec_num_drafts"] > 1.5 * sum(head_trees)  # measured 60 against 20
+            assert stats["spec_fallbacks"]["batch_size"] > 0  # steps where no chain matched
+    # measured 1.00, 2.20 and 4.13 (without a head tree, a step without a chain is no draft)
+    assert taus[0, 0] < 1.2 and taus[6, 0] > 1.8 and taus[6, 1] > 1.8, taus
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_lookup_chains_grafted_onto_the_tree_decode_exactly(tiny_model_dirs, tmp_path, monkeypatch, arch):
+@pytest.mark.parametrize("spec_max_batch", [0, 2])
+def test_lookup_chains_grafted_onto_the_tree_decode_exactly(tiny_model_dirs, tmp_path, monkeypatch, arch, spec_max_batch):
     """Real attention this time (the bigram target ignores positions and masks): an oracle in
     place of the n-gram index proposes the plain continuation, cut wrong after 0-3 tokens, so
-    grafted nodes are accepted at varying depths next to the random head's rejected ones."""
+    grafted nodes are accepted at varying depths next to the random head's rejected ones (with
+    spec_max_batch 2, the chains alone are the trees until two of the five requests remain)."""
     model_dir = tiny_model_dirs[arch]
     head = random_head_dir(model_dir, tmp_path / "head")
     prompts = random_prompts(16, [3, 8, 13, 21, 30], TINY_VOCAB_SIZE)
@@ -258,7 +270,7 @@ def test_lookup_chains_grafted_onto_the_tree_decode_exactly(tiny_model_dirs, tmp
         return chain
 
     monkeypatch.setattr(ContextLookup, "chain", oracle_chain)
-    engine = make_engine(model_dir, draft=str(head), spec=SpecConfig(lookup_tokens=5))
+    engine = make_engine(model_dir, draft=str(head), spec=SpecConfig(lookup_tokens=5), spec_max_batch=spec_max_batch)
     assert run_staggered(engine, prompts, params) == plain
     assert _tau(engine) > 2.0  # the cut chains alone would give ~2.5
     assert max(i for i, n in enumerate(engine.stats["spec_accepted_per_position"]) if n) == 2  # depth 3

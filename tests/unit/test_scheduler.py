@@ -12,8 +12,10 @@ from eagle_core.scheduler import Scheduler
 GREEDY = SamplingParams(temperature=0, max_tokens=100)
 
 
-def make(num_blocks=64, block_size=4, draft_slots=0, max_spec_batch=0, **config) -> Scheduler:
-    return Scheduler(SchedulerConfig(**config), BlockManager(num_blocks, block_size), draft_slots, max_spec_batch)
+def make(num_blocks=64, block_size=4, draft_slots=0, max_spec_batch=0, lookup_slots=0, **config) -> Scheduler:
+    return Scheduler(
+        SchedulerConfig(**config), BlockManager(num_blocks, block_size), draft_slots, max_spec_batch, lookup_slots
+    )
 
 
 def request(rid: str, prompt_len: int, max_output: int = 100, eos=frozenset()) -> Request:
@@ -158,3 +160,47 @@ def test_skip_reasons_for_length_and_budget():
     step(s)
     batch, _ = step(s)
     assert batch.seqs[0].num_draft_slots == 0 and batch.seqs[0].draft_skip_reason == "length_cap"
+
+
+def test_lookup_slots_take_only_the_budget_prefills_leave():
+    s = make(draft_slots=2, lookup_slots=8, max_num_batched_tokens=16)
+    s.add(request("a", 4))
+    step(s)
+    batch, _ = step(s)
+    assert batch.seqs[0].num_draft_slots == 2 + 8  # nothing waits: tree and lookup slots
+    s.add(request("b", 12))
+    batch, _ = step(s)
+    # a's tree (1 + 2) first, then b's whole prompt (12); only the last token is left for lookup
+    assert [(w.request_id, len(w.token_ids), w.num_draft_slots) for w in batch.seqs] == [("a", 1, 3), ("b", 12, 0)]
+    assert len(s.requests["a"].block_table) * 4 >= batch.seqs[0].start_pos + 1 + 3
+
+
+def test_lookup_slots_are_capped_by_room_and_never_preempt():
+    s = make(draft_slots=2, lookup_slots=8, max_num_batched_tokens=64)
+    s.add(request("a", 4, max_output=6))
+    step(s)
+    batch, _ = step(s)
+    assert batch.seqs[0].num_draft_slots == 6 - 1 - 1  # room for 4 drafts: 2 tree + 2 lookup
+    s = make(num_blocks=4, draft_slots=2, lookup_slots=8, max_num_batched_tokens=64)
+    s.add(request("a", 5))
+    s.add(request("b", 2))
+    step(s)  # prefills: a holds 2 blocks, b 1, one is free
+    batch, _ = step(s)
+    # a's root + tree fill its 2 blocks; b's take the free block; lookup gets what is left in
+    # the blocks each holds, and no one is preempted for it
+    assert [w.num_draft_slots for w in batch.seqs] == [2, 2 + 3]
+    assert s.num_preemptions == 0 and s.blocks.num_free_blocks == 0
+
+
+def test_above_max_spec_batch_decode_steps_get_lookup_slots_only():
+    s = make(draft_slots=4, max_spec_batch=1, lookup_slots=6, max_num_batched_tokens=64)
+    for rid in "ab":
+        s.add(request(rid, 3))
+    step(s)
+    batch, _ = step(s)
+    assert [(w.num_draft_slots, w.draft_skip_reason, w.drafts_with_head) for w in batch.seqs] == [
+        (6, "batch_size", False), (6, "batch_size", False)
+    ]
+    s.finish("b", "stop")
+    batch, _ = step(s)
+    assert (batch.seqs[0].num_draft_slots, batch.seqs[0].drafts_with_head) == (4 + 6, True)

@@ -7,7 +7,7 @@ import random
 import torch
 
 from eagle_core.spec.lookup import MAX_NGRAM, MIN_NGRAM, ContextLookup, NgramIndex, graft_chain
-from eagle_core.spec.tree import select_tree
+from eagle_core.spec.tree import DraftTree, select_tree
 from tests.unit.test_spec_tree import naive_ancestor_mask
 
 
@@ -82,21 +82,32 @@ def check_tree(tree, tokens: list[int], parents: list[int]) -> None:
     assert tree.depths[0].tolist() == [sum(row) - 1 for row in mask]
 
 
+def graft(tree, chain: list[int], room: int) -> DraftTree:
+    """graft_chain on the tree's host lists, rebuilt as the runner does."""
+    token_ids, parents = graft_chain(tree.token_ids[0].tolist(), tree.parents[0].tolist(), chain, room)
+    return DraftTree.from_parents(torch.tensor([token_ids]), torch.tensor([parents]))
+
+
 def test_graft_follows_shared_nodes_then_appends_the_rest():
-    grafted = graft_chain(head_tree(), [10, 12, 20, 21], room=4)
+    grafted = graft(head_tree(), [10, 12, 20, 21], room=4)
     check_tree(grafted, [7, 10, 11, 12, 15, 20, 21], [-1, 0, 0, 1, 3, 3, 5])
 
 
 def test_graft_of_a_new_branch_hangs_from_the_root():
-    grafted = graft_chain(head_tree(), [30, 10, 12], room=4)
+    grafted = graft(head_tree(), [30, 10, 12], room=4)
     check_tree(grafted, [7, 10, 11, 12, 15, 30, 10, 12], [-1, 0, 0, 1, 3, 0, 5, 6])
 
 
 def test_graft_stops_at_the_room_left():
-    grafted = graft_chain(head_tree(), [10, 40, 41, 42], room=2)
+    grafted = graft(head_tree(), [10, 40, 41, 42], room=2)
     check_tree(grafted, [7, 10, 11, 12, 15, 40, 41], [-1, 0, 0, 1, 3, 1, 5])
 
 
 def test_graft_of_a_chain_the_tree_already_holds_returns_it_unchanged():
-    tree = head_tree()
-    assert graft_chain(tree, [10, 12, 15], room=4) is tree
+    tokens, parents = [7, 10, 11, 12, 15], [-1, 0, 0, 1, 3]
+    assert graft_chain(tokens, parents, [10, 12, 15], room=4) == (tokens, parents)
+    assert graft_chain(tokens, parents, [11, 30], room=0) == (tokens, parents)
+
+
+def test_graft_onto_a_lone_root_is_the_chain():
+    assert graft_chain([7], [-1], [30, 31, 32], room=2) == ([7, 30, 31], [-1, 0, 1])
