@@ -1,7 +1,7 @@
 """Closed-loop clients in one process: the server's sweep without HTTP, interleaved.
 
     .venv/bin/python -m bench.closed_loop [--concurrency 2 4] [--rounds 4] [--per-round 6]
-        [--spec-max-batch N]
+        [--spec-max-batch N] [--lookup-max-batch N]
 
 Each of C "clients" keeps one request in flight: as soon as an answer ends (EOS or --max-tokens),
 the next MT-bench first turn is added, as `bench.serve_bench`'s concurrency sweep does over HTTP.
@@ -58,13 +58,16 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--spec-max-batch", type=int, default=None,
                         help="the EAGLE engine's --spec-max-batch (default: the hardware's)")
+    parser.add_argument("--lookup-max-batch", type=int, default=None,
+                        help="the EAGLE engine's --lookup-max-batch (default: the hardware's)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
 
     engines = {
         "plain": LLM(args.model, dtype=args.dtype, draft=None),
         "eagle": LLM(args.model, dtype=args.dtype,
-                     config=EngineConfig(spec=SpecConfig(draft=args.draft, max_batch=args.spec_max_batch))),
+                     config=EngineConfig(spec=SpecConfig(draft=args.draft, max_batch=args.spec_max_batch,
+                                                         lookup_max_batch=args.lookup_max_batch))),
     }
     warm = SamplingParams(temperature=0, max_tokens=8)
     for llm in engines.values():
@@ -94,6 +97,7 @@ def main() -> None:
     spec = engines["eagle"].engine.config.spec
     settings = {**vars(args), "tree": [spec.num_draft_tokens, spec.depth, spec.top_k],
                 "lookup_tokens": spec.lookup_tokens, "spec_max_batch": spec.max_batch,
+                "lookup_max_batch": spec.lookup_max_batch,
                 "dtype_resolved": dtype_name(engines["eagle"].engine.worker.dtype)}
     out = write_result(args.out, "closed-loop", {"settings": settings, "rows": rows})
     print(f"wrote {out}")

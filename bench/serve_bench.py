@@ -547,6 +547,7 @@ def settings_of(args: argparse.Namespace) -> dict:
     settings["tree"] = {"num_draft_tokens": defaults.num_draft_tokens, "depth": defaults.depth, "top_k": defaults.top_k,
                         "lookup_tokens": defaults.lookup_tokens, "overridden_by_spec_args": bool(args.spec_args)}
     settings["spec_max_batch"] = defaults.max_batch
+    settings["lookup_max_batch"] = defaults.lookup_max_batch
     settings["draft"] = str(Path(args.draft).resolve())
     return settings
 

@@ -67,9 +67,12 @@ class SpecDefaults(NamedTuple):
     bench.tree_sizes --dtype float32 --trees 3/2/2 3/2/2+4 3/2/2+8): 1.25x / 1.32x / 1.32x of
     plain decoding, and 1.34x / - / 1.81x with 256-token answers. Not yet timed where the wide
     tree is the default."""
+    lookup_max_batch: int
+    """Context lookup drafts alone (no head tree) while more than max_batch and at most this many
+    sequences run; at or below max_batch it never does."""
 
 
-WIDE_SPEC = SpecDefaults(num_draft_tokens=8, depth=3, top_k=3, max_batch=4, lookup_tokens=8)
+WIDE_SPEC = SpecDefaults(num_draft_tokens=8, depth=3, top_k=3, max_batch=4, lookup_tokens=8, lookup_max_batch=4)
 """For matmul units with throughput to spare at a few rows: GPUs, and CPUs computing bf16
 natively (AMX / AVX512-BF16). Sized for a CPU and the shipped SmolLM2 head with int8 draft
 weights. Trees at batch 1 on MT-bench questions 11-40: 8/3/3 1.60x, 6/2/4 1.60x, 10/3/4 1.59x,
@@ -78,8 +81,9 @@ On an H200 the engine is host-bound (no CUDA graphs yet) and larger trees were s
 (docs/benchmarks.md, "On a GPU"). Speculating at every batch size measured 1.52x / 1.61x /
 1.16x / 1.01x / 0.88x / 0.80x at 1 / 2 / 3 / 4 / 6 / 8 requests in one process
 (bench/results/engine-2026-12-01-vm-3.json), hence max_batch 4 (with draft_quantization none,
-2 is the better limit: the second head in bf16 measured 0.91x at 4)."""
-NARROW_SPEC = SpecDefaults(num_draft_tokens=3, depth=2, top_k=2, max_batch=1, lookup_tokens=8)
+2 is the better limit: the second head in bf16 measured 0.91x at 4). Lookup alone past
+max_batch is not timed on such hardware, so lookup_max_batch = max_batch keeps it off."""
+NARROW_SPEC = SpecDefaults(num_draft_tokens=3, depth=2, top_k=2, max_batch=1, lookup_tokens=8, lookup_max_batch=4)
 """For CPUs computing in fp32 (no native bf16, or asked for): there a forward over 8 rows costs
 ~1.3x one over 1-3 rows and each draft forward ~3 ms. Measured on a 2-core Xeon VM without
 AVX512-BF16/AMX, fp32, T=0. Trees at batch 1 on MT-bench questions 11-30 (python -m
@@ -92,7 +96,10 @@ from it. With 8 lookup tokens
 noise of each other, so 3/2/2 stays. Speculating with 3/2/2 at every batch size
 (bench/results/engine-2026-12-01-vm-4.json): 1.09x / 0.79x / 0.66x / 0.92x / 0.89x at 1 / 2 / 3 / 4 / 8 requests in lockstep, hence batch
 1 only; in a closed loop (answers ending at EOS, python -m bench.closed_loop) limits 4 and 1
-measured alike at 2 clients (1.05x / 1.03x)."""
+measured alike at 2 clients (1.05x / 1.03x). Context lookup alone past max_batch, closed loop
+in one process, MT-bench questions 11-34, 128 tokens, against plain decoding (a throw-away
+script; then python -m bench.closed_loop): without it 1.04x / 1.04x / 1.01x at 2 / 4 / 8
+clients, with it 1.18x / 1.14x / 0.92x, hence lookup_max_batch 4."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,7 @@ class SpecConfig:
     draft: str | None = AUTO_DRAFT
     """Path of an EAGLE draft head; "auto" uses the shipped head of the default model (plain
     decoding for other models); None disables speculation."""
-    # The next four and lookup_tokens, left None, take the hardware's SpecDefaults at start-up
+    # The next six, left None, take the hardware's SpecDefaults at start-up
     # (`with_defaults`, from worker.spec_defaults): WIDE_SPEC or NARROW_SPEC. Set any of them to
     # override it.
     num_draft_tokens: int | None = None
@@ -110,12 +117,17 @@ class SpecConfig:
     top_k: int | None = None
     """Children expanded per frontier node; 1 gives a chain."""
     max_batch: int | None = None
-    """Speculate only while at most this many sequences run (0: always). Past it, steps decode
-    plainly (counted as fallback "batch_size"). Under a closed loop the running count dips below
+    """The draft head drafts only while at most this many sequences run (0: always). Past it,
+    steps decode plainly, or verify a context-lookup chain alone up to lookup_max_batch (a step
+    with neither counts as fallback "batch_size"). Under a closed loop the running count dips below
     the limit as answers end at different times, which is when the limit pays most."""
     lookup_tokens: int | None = None
     """Most draft tokens copied from earlier in the sequence (context lookup, spec/lookup.py),
-    verified with the tree on top of num_draft_tokens; 0 disables it."""
+    verified with the tree on top of num_draft_tokens, from the step's leftover token budget;
+    0 disables it."""
+    lookup_max_batch: int | None = None
+    """Past max_batch, context lookup's chain is verified alone (no draft forward) while at most
+    this many sequences run (0: any number); at or below max_batch, no lookup-only steps."""
     draft_quantization: str = "auto"
     """"int8": the draft head's linears also hold int8 weights, used for decoding-sized inputs
     (bfloat16 models on the CPU only; see spec/int8_linear.py), "none": the model dtype only,
@@ -133,7 +145,8 @@ class SpecConfig:
         return replace(self, **unset)
 
     def __post_init__(self) -> None:
-        for name, least in (("num_draft_tokens", 1), ("depth", 1), ("top_k", 1), ("max_batch", 0), ("lookup_tokens", 0)):
+        for name, least in (("num_draft_tokens", 1), ("depth", 1), ("top_k", 1), ("max_batch", 0), ("lookup_tokens", 0),
+                            ("lookup_max_batch", 0)):
             value = getattr(self, name)
             if value is not None and value < least:
                 raise ValueError(f"{name} must be at least {least}, got {value}")

@@ -92,6 +92,7 @@ class Engine:
             num_draft_slots=self.worker.num_tree_slots,
             max_spec_batch=self.config.spec.max_batch,
             num_lookup_slots=self.worker.num_lookup_slots,
+            max_lookup_batch=self.config.spec.lookup_max_batch,
         )
         self.eos_token_ids = self._eos_ids()
         self._tracked: dict[str, _Tracked] = {}

@@ -12,7 +12,8 @@ tokens per step (`max_num_batched_tokens`, draft-tree tokens included) and KV bl
 2. Then, if nothing was preempted, waiting requests are admitted first-come-first-served while
    sequence slots, tokens and blocks remain. Long prompts are split into chunks.
 3. Tokens still left go to context lookup: each decoding sequence, oldest first, gets up to
-   `num_lookup_slots` more draft slots (with or without a head tree). Lookup finds a chain for
+   `num_lookup_slots` more draft slots (without a head tree only up to `max_lookup_batch`
+   running sequences). Lookup finds a chain for
    only about a third of steps, so its slots come last and never crowd out a prefill; they use
    free KV blocks or room in the sequence's own, never preempting for them.
 
@@ -37,6 +38,7 @@ class Scheduler:
         num_draft_slots: int = 0,
         max_spec_batch: int = 0,
         num_lookup_slots: int = 0,
+        max_lookup_batch: int = 0,
     ):
         self.config = config
         self.blocks = block_manager
@@ -44,6 +46,10 @@ class Scheduler:
         """The draft head's tree tokens per decoding sequence per step (tree size minus its root)."""
         self.num_lookup_slots = num_lookup_slots
         """Most context-lookup tokens per decoding sequence per step, from leftover budget."""
+        self.max_lookup_batch = max_lookup_batch
+        """Above max_spec_batch, decode steps get lookup slots (lookup alone drafts) only while
+        at most this many sequences run (0: any number): past a few sequences the wider verify
+        cost more than the chains saved (SpecDefaults.lookup_max_batch)."""
         self.max_spec_batch = max_spec_batch
         """Above this many running sequences a step decodes without trees (0: no limit): with a
         big batch the target forward is no longer nearly free for extra tokens, and
@@ -132,10 +138,12 @@ class Scheduler:
 
     def _add_lookup_slots(self, work: list[SeqWork], budget: int) -> None:
         """Give decode steps context-lookup slots from the `budget` tokens nothing else took."""
+        lookup_alone = not self.max_lookup_batch or len(self.running) <= self.max_lookup_batch
+        allowed = (None, "batch_size") if lookup_alone else (None,)
         for w in work:
             if budget < 1:
                 return
-            if not w.sample or len(w.token_ids) != 1 or w.draft_skip_reason not in (None, "batch_size"):
+            if not w.sample or len(w.token_ids) != 1 or w.draft_skip_reason not in allowed:
                 continue  # prefill chunks, and steps with no room or budget for any draft
             request = self.requests[w.request_id]
             room = request.max_output_tokens - request.num_output_tokens - 1 - w.num_draft_slots

@@ -118,9 +118,14 @@ FLAGS: tuple[Flag, ...] = (
          "children expanded per tree node (1 = a chain); None: 3, or 2 on such a CPU"),
     Flag("--lookup-tokens", "spec", "lookup_tokens",
          "most draft tokens copied from earlier in the sequence where its last tokens occurred "
-         "before, verified with the tree (0 = off); None: 8"),
+         "before, verified with the tree, from the step's leftover token budget (0 = off); None: 8"),
     Flag("--spec-max-batch", "spec", "max_batch",
-         "speculate only while at most this many sequences run (0 = always); None: 4, or 1 on such a CPU"),
+         "draft with the head only while at most this many sequences run (0 = always); None: 4, "
+         "or 1 on such a CPU"),
+    Flag("--lookup-max-batch", "spec", "lookup_max_batch",
+         "past --spec-max-batch, verify context lookup's chain alone while at most this many "
+         "sequences run (0 = any number); None: 4 (on a CPU with native bf16 this equals "
+         "--spec-max-batch's default: off)"),
     Flag(
         "--draft-quantization",
         "spec",

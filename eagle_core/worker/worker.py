@@ -15,6 +15,7 @@ from eagle_core.config import (
     NARROW_SPEC,
     WIDE_SPEC,
     EngineConfig,
+    SpecConfig,
     SpecDefaults,
 )
 from eagle_core.errors import ModelLoadError
@@ -119,12 +120,24 @@ class Worker:
         self.num_draft_slots = self.num_tree_slots + self.num_lookup_slots
         logger.info(
             "EAGLE draft head %s (%s%s): tree of %d tokens, depth %d, top-k %d, up to %d context "
-            "lookup tokens; speculating while %s",
+            "lookup tokens; speculating while %s%s",
             spec.draft, self.draft_head.kind, ", int8 weights" if quantized else "",
             spec.num_draft_tokens, spec.depth, spec.top_k, spec.lookup_tokens,
             f"at most {spec.max_batch} sequences run" if spec.max_batch else "any number of sequences run",
+            _lookup_alone(spec),
         )
         return SpecRunner(self.target, self.sampler, drafter, ContextLookup(spec.lookup_tokens))
+
+
+def _lookup_alone(spec: SpecConfig) -> str:
+    """The log's words on lookup-only steps past --spec-max-batch."""
+    if not spec.max_batch or not spec.lookup_tokens:
+        return ""
+    if not spec.lookup_max_batch:
+        return ", context lookup alone above"
+    if spec.lookup_max_batch > spec.max_batch:
+        return f", context lookup alone up to {spec.lookup_max_batch}"
+    return ""
 
 
 # The EAGLE head this project trains for its default model ships inside the package.

@@ -232,7 +232,8 @@ def test_context_lookup_drafts_a_looping_target_and_stays_exact(bigram, tmp_path
     taus = {}
     for lookup, max_batch in ((0, 0), (6, 0), (6, 1)):
         head_trees.clear()
-        engine = make_engine(target, draft=str(head), spec=SpecConfig(lookup_tokens=lookup), spec_max_batch=max_batch)
+        spec = SpecConfig(lookup_tokens=lookup, lookup_max_batch=0)  # lookup alone at any batch size
+        engine = make_engine(target, draft=str(head), spec=spec, spec_max_batch=max_batch)
         assert run_staggered(engine, prompts, params) == plain
         taus[lookup, max_batch] = _tau(engine)
         stats = engine.stats
@@ -270,7 +271,8 @@ def test_lookup_chains_grafted_onto_the_tree_decode_exactly(tiny_model_dirs, tmp
         return chain
 
     monkeypatch.setattr(ContextLookup, "chain", oracle_chain)
-    engine = make_engine(model_dir, draft=str(head), spec=SpecConfig(lookup_tokens=5), spec_max_batch=spec_max_batch)
+    spec = SpecConfig(lookup_tokens=5, lookup_max_batch=0)
+    engine = make_engine(model_dir, draft=str(head), spec=spec, spec_max_batch=spec_max_batch)
     assert run_staggered(engine, prompts, params) == plain
     assert _tau(engine) > 2.0  # the cut chains alone would give ~2.5
     assert max(i for i, n in enumerate(engine.stats["spec_accepted_per_position"]) if n) == 2  # depth 3

@@ -12,10 +12,10 @@ from eagle_core.scheduler import Scheduler
 GREEDY = SamplingParams(temperature=0, max_tokens=100)
 
 
-def make(num_blocks=64, block_size=4, draft_slots=0, max_spec_batch=0, lookup_slots=0, **config) -> Scheduler:
-    return Scheduler(
-        SchedulerConfig(**config), BlockManager(num_blocks, block_size), draft_slots, max_spec_batch, lookup_slots
-    )
+def make(num_blocks=64, block_size=4, draft_slots=0, max_spec_batch=0, lookup_slots=0, max_lookup_batch=0,
+         **config) -> Scheduler:
+    return Scheduler(SchedulerConfig(**config), BlockManager(num_blocks, block_size), draft_slots, max_spec_batch,
+                     lookup_slots, max_lookup_batch)
 
 
 def request(rid: str, prompt_len: int, max_output: int = 100, eos=frozenset()) -> Request:
@@ -192,12 +192,15 @@ def test_lookup_slots_are_capped_by_room_and_never_preempt():
     assert s.num_preemptions == 0 and s.blocks.num_free_blocks == 0
 
 
-def test_above_max_spec_batch_decode_steps_get_lookup_slots_only():
-    s = make(draft_slots=4, max_spec_batch=1, lookup_slots=6, max_num_batched_tokens=64)
-    for rid in "ab":
+def test_above_max_spec_batch_decode_steps_get_lookup_slots_up_to_max_lookup_batch():
+    s = make(draft_slots=4, max_spec_batch=1, lookup_slots=6, max_lookup_batch=2, max_num_batched_tokens=64)
+    for rid in "abc":
         s.add(request(rid, 3))
     step(s)
-    batch, _ = step(s)
+    batch, _ = step(s)  # three run: past both limits, plain decoding
+    assert [(w.num_draft_slots, w.draft_skip_reason) for w in batch.seqs] == [(0, "batch_size")] * 3
+    s.finish("c", "stop")
+    batch, _ = step(s)  # two run: lookup alone
     assert [(w.num_draft_slots, w.draft_skip_reason, w.drafts_with_head) for w in batch.seqs] == [
         (6, "batch_size", False), (6, "batch_size", False)
     ]
