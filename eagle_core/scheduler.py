@@ -13,9 +13,9 @@ tokens per step (`max_num_batched_tokens`, draft-tree tokens included) and KV bl
    sequence slots, tokens and blocks remain. Long prompts are split into chunks.
 3. Tokens still left go to context lookup: each decoding sequence, oldest first, gets up to
    `num_lookup_slots` more draft slots (without a head tree only up to `max_lookup_batch`
-   running sequences). Lookup finds a chain for
-   only about a third of steps, so its slots come last and never crowd out a prefill; they use
-   free KV blocks or room in the sequence's own, never preempting for them.
+   running sequences). Lookup finds a chain for only about a third of steps, so its slots come
+   last and never crowd out a prefill; they use free KV blocks or room in the sequence's own
+   blocks, never preempting for them.
 
 Every decoding sequence of a step is part of the same worker call, i.e. one target forward.
 """
@@ -101,6 +101,7 @@ class Scheduler:
         work: list[SeqWork] = []
         preempted = False
         speculate = not self.max_spec_batch or len(self.running) <= self.max_spec_batch
+        lookup_alone = not self.max_lookup_batch or len(self.running) <= self.max_lookup_batch
 
         for request in list(self.running):
             if request.status is not RequestStatus.RUNNING:
@@ -132,13 +133,13 @@ class Scheduler:
             budget -= num_new
 
         if self.num_lookup_slots and budget > 0:
-            self._add_lookup_slots(work, budget)
+            self._add_lookup_slots(work, budget, lookup_alone)
         finished, self._finished_ids = self._finished_ids, []
         return ScheduledBatch(seqs=work, finished_request_ids=finished)
 
-    def _add_lookup_slots(self, work: list[SeqWork], budget: int) -> None:
-        """Give decode steps context-lookup slots from the `budget` tokens nothing else took."""
-        lookup_alone = not self.max_lookup_batch or len(self.running) <= self.max_lookup_batch
+    def _add_lookup_slots(self, work: list[SeqWork], budget: int, lookup_alone: bool) -> None:
+        """Give decode steps context-lookup slots from the `budget` tokens nothing else took;
+        steps without a head tree only when `lookup_alone`."""
         allowed = (None, "batch_size") if lookup_alone else (None,)
         for w in work:
             if budget < 1:

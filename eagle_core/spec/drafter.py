@@ -96,9 +96,10 @@ class Drafter:
         """Feed owed entries; returns the last entry's output ([hidden]) per request fed.
 
         Sequences whose tree the head drafts this step are always fed. The others (plain or
-        lookup-only decoding above --spec-max-batch, prefill chunks) keep their features owed: one packed forward over many
-        owed entries costs about what a forward over one entry per sequence costs, so catching
-        every sequence up at every step would tax plain decoding for nothing. They are all fed
+        lookup-only decoding above --spec-max-batch, prefill chunks) keep their features owed:
+        one packed forward over many owed entries costs about what a forward over one entry per
+        sequence costs, so catching every sequence up at every step would tax plain decoding
+        for nothing. They are all fed
         together once any sequence owes spec.defer_limit entries, which bounds the held features."""
         states = [self.state(work) for work in works]
         flush = any(state.num_pending >= self.spec.defer_limit for state in states)
