@@ -147,7 +147,7 @@ class Scheduler:
             if not w.sample or len(w.token_ids) != 1 or w.draft_skip_reason not in allowed:
                 continue  # prefill chunks, and steps with no room or budget for any draft
             request = self.requests[w.request_id]
-            room = request.max_output_tokens - request.num_output_tokens - 1 - w.num_draft_slots
+            room = _draft_room(request) - w.num_draft_slots
             reserved = w.start_pos + 1 + w.num_draft_slots
             extra = min(self.num_lookup_slots, budget, room)
             if not self.blocks.can_grow(request.block_table, reserved + extra):
@@ -168,9 +168,7 @@ class Scheduler:
             return 0, 0, None
         if not self.num_draft_slots:
             return 1, 0, None
-        # Drafting past the output cap is wasted work: at most max_output - output - 1 drafts
-        # can be accepted before the bonus token reaches the cap.
-        room = request.max_output_tokens - request.num_output_tokens - 1
+        room = _draft_room(request)
         if room < 1:
             return 1, 0, "length_cap"
         if budget < 2:
@@ -257,3 +255,9 @@ class Scheduler:
             if request.num_output_tokens >= request.max_output_tokens:
                 return appended, "length"
         return appended, None
+
+
+def _draft_room(request: Request) -> int:
+    """Most draft tokens worth verifying this step. Drafting past the output cap is wasted work:
+    at most max_output - output - 1 drafts can be accepted before the bonus token reaches it."""
+    return request.max_output_tokens - request.num_output_tokens - 1

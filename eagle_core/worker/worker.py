@@ -58,8 +58,6 @@ class Worker:
         """Draft-head tree tokens per decoding sequence per step (tree size minus its root)."""
         self.num_lookup_slots = 0
         """Context-lookup tokens per decoding sequence per step, on top of the tree."""
-        self.num_draft_slots = 0
-        """The most draft slots one sequence can hold in a step: tree and lookup."""
         self.draft_head = None
         self.draft_weights: str | None = None
         """"int8" or the model dtype's name once a draft head is loaded (eagle_model_info)."""
@@ -72,6 +70,11 @@ class Worker:
             self.model_name, self.device, dtype_name(self.dtype),
             self.config.model.max_model_len, cache.kv_cache_tokens, cache.block_size,
         )
+
+    @property
+    def num_draft_slots(self) -> int:
+        """The most draft slots one sequence can hold in a step: tree and lookup."""
+        return self.num_tree_slots + self.num_lookup_slots
 
     def execute(self, batch: ScheduledBatch) -> StepResult:
         return self.runner.execute(batch)
@@ -117,7 +120,6 @@ class Worker:
         )
         self.num_tree_slots = spec.num_draft_tokens - 1
         self.num_lookup_slots = spec.lookup_tokens
-        self.num_draft_slots = self.num_tree_slots + self.num_lookup_slots
         logger.info(
             "EAGLE draft head %s (%s%s): tree of %d tokens, depth %d, top-k %d, up to %d context "
             "lookup tokens; speculating while %s%s",
