@@ -52,9 +52,12 @@ class SeqWork:
     """The live lists (not copies): read-only for the worker, used for penalties."""
     max_new_tokens: int
     """Most tokens the worker may return this step (max_tokens and context length left)."""
+    stop_token_ids: frozenset[int] = frozenset()
+    """Tokens that end this request (EOS unless ignore_eos, and params.stop_token_ids): sampling
+    holds them back until params.min_tokens tokens are out."""
     draft_skip_reason: str | None = None
     """Why a decode step of a speculating engine gets no tree from the draft head ("length_cap",
-    "token_budget", "batch_size"); None otherwise. A "batch_size" step may still hold slots
+    "token_budget", "batch_size", "kv_cache"); None otherwise. A "batch_size" step may still hold slots
     for context lookup's tokens."""
 
     @property

@@ -31,8 +31,11 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
-    def add(self, token_ids: list[int]) -> bool:
-        """Append tokens; returns True when a stop string was found (text is cut before it)."""
+    def add(self, token_ids: list[int], find_stop: bool = True) -> bool:
+        """Append tokens; returns True when a stop string was found (text is cut before it).
+
+        find_stop=False (before min_tokens) adds the text without searching it: a stop string
+        that ends there is never searched for again, as in vLLM."""
         if not token_ids:
             return False
         self._ids.extend(token_ids)
@@ -43,13 +46,29 @@ class IncrementalDetokenizer:
         old_len = len(self.text)
         self.text += after[len(before) :]
         self._prefix, self._read = self._read, len(self._ids)
-        return self._cut_at_stop(old_len)
+        return find_stop and self._cut_at_stop(old_len)
+
+    def _flush(self) -> None:
+        """At the end, add the text of tokens still held back for an incomplete character,
+        minus that character. A speculative step can end the request several tokens after the
+        last complete character; without this their text would be lost."""
+        if self._read == len(self._ids):
+            return
+        before = self._decode(self._ids[self._prefix : self._read])
+        after = self._decode(self._ids[self._prefix :]).rstrip("\ufffd")
+        old_len = len(self.text)
+        if len(after) > len(before):
+            self.text += after[len(before) :]
+        self._prefix = self._read = len(self._ids)
+        self._cut_at_stop(old_len)
 
     def _cut_at_stop(self, old_len: int) -> bool:
         if not self.stop:
             return False
-        window_start = max(0, old_len - self._holdback)
-        hits = [i for i in (self.text.find(s, window_start) for s in self.stop) if i >= 0]
+        # Only a stop string that ends in the new text is new (one wholly in text added with
+        # find_stop=False, before min_tokens, is never searched for again).
+        found = (self.text.find(s, max(0, old_len - len(s) + 1)) for s in self.stop)
+        hits = [i for i in found if i >= 0]
         if not hits:
             return False
         self.text = self.text[: min(hits)]
@@ -57,6 +76,8 @@ class IncrementalDetokenizer:
 
     def release(self, finished: bool) -> str:
         """Text that can be shown now and was not shown before."""
+        if finished:
+            self._flush()
         end = len(self.text) if finished else max(self._emitted, len(self.text) - self._holdback)
         delta = self.text[self._emitted : end]
         self._emitted = end

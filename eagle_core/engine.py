@@ -14,6 +14,8 @@ import dataclasses
 import logging
 import time
 
+from jinja2 import TemplateError
+
 from eagle_core.batch import ScheduledBatch, SeqResult
 from eagle_core.config import EngineConfig
 from eagle_core.detokenizer import IncrementalDetokenizer
@@ -112,6 +114,7 @@ class Engine:
                 f"prompt has {len(prompt_ids)} tokens; this model's context is {self.max_model_len} "
                 "tokens including the completion",
                 param="prompt",
+                code="context_length_exceeded",
             )
         max_output = room if params.max_tokens is None else min(params.max_tokens, room)
         request = Request(request_id, prompt_ids, params, max_output, self.eos_token_ids)
@@ -150,8 +153,7 @@ class Engine:
                 tracked.spec.num_emitted_tokens += len(seq_result.new_token_ids)
             if tracked.first_token_time is None:
                 tracked.first_token_time = time.monotonic()
-            if tracked.detok.add(appended) and not request.is_finished:
-                self.scheduler.finish(request.request_id, "stop")
+            appended = self._detokenize(tracked, appended)
             logprobs = seq_result.logprobs[: len(appended)] if seq_result.logprobs else None
             outputs.append(self._output(tracked, appended, logprobs, seq_result))
             if request.is_finished:
@@ -188,10 +190,38 @@ class Engine:
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):
             raise InvalidRequestError("this model has no chat template; use /v1/completions", param="messages")
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        try:
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        except TemplateError as exc:
+            # Templates raise on purpose for conversations their model does not take (a system
+            # role, roles that do not alternate): the client's input, not a server fault.
+            raise InvalidRequestError(f"the model's chat template rejected these messages: {exc}", "messages") from None
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
     # ---- helpers ----------------------------------------------------------------------------
+
+    def _detokenize(self, tracked: _Tracked, appended: list[int]) -> list[int]:
+        """Add a step's tokens to the request's text; returns the tokens it keeps.
+
+        With stop strings the tokens go in one at a time: a speculative step can accept tokens
+        past the one that completes a stop string, and those are dropped (from the output ids,
+        so usage and logprobs match the text), leaving exactly what plain decoding would have
+        produced. A stop string wins over "length" when both end the request at one token."""
+        request = tracked.request
+        params = request.params
+        if not params.stop:
+            tracked.detok.add(appended)
+            return appended
+        num_before = request.num_output_tokens - len(appended)
+        for kept, token_id in enumerate(appended, start=1):
+            if tracked.detok.add([token_id], find_stop=num_before + kept >= params.min_tokens):
+                del request.output_token_ids[num_before + kept :]
+                if request.is_finished:
+                    request.finish_reason = "stop"
+                else:
+                    self.scheduler.finish(request.request_id, "stop")
+                return appended[:kept]
+        return appended
 
     def _tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 
 class InvalidRequestError(ValueError):
-    """A request the engine cannot serve as asked. `param` names the offending field."""
+    """A request the engine cannot serve as asked. `param` names the offending field; `code`
+    is OpenAI's error code (clients such as LangChain act on "context_length_exceeded")."""
 
-    def __init__(self, message: str, param: str | None = None):
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value"):
         super().__init__(message)
         self.message = message
         self.param = param
+        self.code = code
 
 
 class ModelLoadError(RuntimeError):

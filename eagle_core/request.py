@@ -51,5 +51,11 @@ class Request:
         return token_range(self.prompt_token_ids, self.output_token_ids, start, stop)
 
     @property
+    def stop_token_ids(self) -> frozenset[int]:
+        """Tokens that end this request when sampled: EOS (unless ignore_eos) and stop_token_ids."""
+        eos = frozenset() if self.params.ignore_eos else self.eos_token_ids
+        return eos | frozenset(self.params.stop_token_ids)
+
+    @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED

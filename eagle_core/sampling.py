@@ -7,6 +7,7 @@ The pipeline for one step, each function vectorised over rows (a row is one posi
 at: one per plain decoding sequence, or one per node of a speculative draft tree):
 
     logits = apply_penalties(raw_logits, prompt_ids, output_ids, params)   # [num_rows, vocab]
+    logits = hold_back_stop_tokens(logits, num_output, params, stop_ids)     # min_tokens
     probs = processed_probs(logits, params)                                  # [num_rows, vocab]
     token_ids = sample(probs, generators, greedy)                            # num_rows ints
     logprobs = compute_logprobs(raw_logits, token_ids, num_top)              # from RAW logits
@@ -122,6 +123,28 @@ def apply_penalties(
     out = logits.clone()
     out.index_copy_(0, row_index, sub)
     return out
+
+
+def hold_back_stop_tokens(
+    logits: torch.Tensor,  # [num_rows, vocab] float32
+    num_output: list[int],  # tokens already output before each row's sample
+    params: list[SamplingParams],
+    stop_token_ids: list[frozenset[int]],  # the tokens that would end each row's request
+) -> torch.Tensor:  # [num_rows, vocab] float32
+    """min_tokens (vLLM semantics): a row with fewer than min_tokens tokens out cannot end its
+    request, so its stop tokens get -inf. Returns a new tensor when any row changes."""
+    rows: list[int] = []
+    cols: list[int] = []
+    vocab_size = logits.shape[1]
+    for i, (done, p, stops) in enumerate(zip(num_output, params, stop_token_ids, strict=True)):
+        if done < p.min_tokens:
+            ids = [t for t in stops if t < vocab_size]
+            rows += [i] * len(ids)
+            cols += ids
+    if not rows:
+        return logits
+    index = (torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device))
+    return logits.index_put(index, torch.tensor(float("-inf"), device=logits.device))
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ class SamplingParams:
 
     temperature == 0 means greedy (argmax); the other sampling filters are then ignored.
     max_tokens None means "until the context is full". top_k <= 0 disables top-k.
+    min_tokens: until that many tokens are out, EOS and stop_token_ids cannot be sampled (their
+    probability is zero, draft verification included) and stop strings are not searched for.
     logprobs None returns no log-probabilities; an int k returns the sampled token's log-prob
     plus the k most likely alternatives (from the model's raw distribution).
     """
@@ -26,6 +28,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     max_tokens: int | None = 16
+    min_tokens: int = 0
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
@@ -60,6 +63,10 @@ class SamplingParams:
             bad("repetition_penalty", f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.max_tokens is not None and self.max_tokens < 1:
             bad("max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.min_tokens < 0:
+            bad("min_tokens", f"min_tokens must be at least 0, got {self.min_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            bad("min_tokens", f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if len(self.stop) > 16 or any(not isinstance(s, str) or not s for s in self.stop):
             bad("stop", "stop must be at most 16 non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
@@ -80,3 +87,9 @@ class SamplingParams:
             or self.frequency_penalty != 0.0
             or self.repetition_penalty != 1.0
         )
+
+    @property
+    def edits_logits(self) -> bool:
+        """Sampling needs more than the raw logits: penalties, or stop tokens held back until
+        min_tokens (greedy requests without either take the argmax fast path)."""
+        return self.needs_penalties or self.min_tokens > 0

@@ -109,9 +109,12 @@ class Scheduler:
             num_new, num_draft, skip_reason = self._plan(request, budget, speculate)
             if num_new == 0:
                 continue
-            if not self._reserve(request, num_new + num_draft):
+            if not self._reserve(request, num_new):
                 preempted = True
                 continue
+            if num_draft:
+                num_draft = self._grow_without_preempting(request, request.num_computed_tokens + num_new, num_draft)
+                skip_reason = None if num_draft else "kv_cache"
             work.append(self._work(request, num_new, num_draft, skip_reason))
             budget -= num_new + num_draft
 
@@ -149,14 +152,21 @@ class Scheduler:
             request = self.requests[w.request_id]
             room = _draft_room(request) - w.num_draft_slots
             reserved = w.start_pos + 1 + w.num_draft_slots
-            extra = min(self.num_lookup_slots, budget, room)
-            if not self.blocks.can_grow(request.block_table, reserved + extra):
-                extra = len(request.block_table) * self.blocks.block_size - reserved  # blocks it holds
-            if extra < 1:
-                continue
-            self.blocks.grow(request.block_table, reserved + extra)
+            extra = self._grow_without_preempting(request, reserved, min(self.num_lookup_slots, budget, room))
             w.num_draft_slots += extra
             budget -= extra
+
+    def _grow_without_preempting(self, request: Request, reserved: int, wanted: int) -> int:
+        """Grow `request`'s blocks for up to `wanted` draft slots past its first `reserved`
+        tokens, from the blocks it holds and the free ones; returns how many it got. Drafts are
+        optional work: never worth preempting a sequence, whose whole context would then be
+        recomputed."""
+        reachable = (len(request.block_table) + self.blocks.num_free_blocks) * self.blocks.block_size
+        wanted = min(wanted, reachable - reserved)
+        if wanted < 1:
+            return 0
+        self.blocks.grow(request.block_table, reserved + wanted)
+        return wanted
 
     def _plan(self, request: Request, budget: int, speculate: bool) -> tuple[int, int, str | None]:
         """(tokens to compute, draft slots, why a decode step gets no draft slots) for this
@@ -213,6 +223,7 @@ class Scheduler:
             prompt_token_ids=request.prompt_token_ids,
             output_token_ids=request.output_token_ids,
             max_new_tokens=request.max_output_tokens - request.num_output_tokens,
+            stop_token_ids=request.stop_token_ids,
             draft_skip_reason=skip_reason,
         )
 
@@ -242,13 +253,10 @@ class Scheduler:
         """Append tokens one by one, stopping at EOS, a stop id or the length cap.
 
         The stop token itself is not appended (its text is never shown)."""
-        params = request.params
+        stop_token_ids = request.stop_token_ids
         appended: list[int] = []
         for token_id in token_ids:
-            stops = token_id in params.stop_token_ids or (
-                not params.ignore_eos and token_id in request.eos_token_ids
-            )
-            if stops:
+            if token_id in stop_token_ids:
                 return appended, "stop"
             request.output_token_ids.append(token_id)
             appended.append(token_id)

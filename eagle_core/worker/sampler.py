@@ -38,6 +38,9 @@ class Sampler:
         filters (one-hot for greedy rows)."""
         params = [w.params for w in works]
         logits = sampling.apply_penalties(logits, [w.prompt_token_ids for w in works], histories, params)
+        logits = sampling.hold_back_stop_tokens(
+            logits, [len(h) for h in histories], params, [w.stop_token_ids for w in works]
+        )
         return sampling.processed_probs(logits, params)
 
     def sample(

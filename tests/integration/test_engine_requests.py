@@ -127,3 +127,13 @@ def test_offline_llm_takes_one_sampling_params_per_prompt(tiny_llama_dir):
     assert [len(o.token_ids) for o in llm.generate([prompt] * 2, [params[0], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)])] == [12, 3]
     with pytest.raises(ValueError, match="2 SamplingParams for 3 prompts"):
         llm.generate([prompt] * 3, params[:2])
+
+
+def test_a_chat_template_that_refuses_the_messages_is_a_client_error(engine, monkeypatch):
+    """Templates raise on purpose for conversations their model does not take (Gemma's "System
+    role not supported"): a 400 naming `messages`, not a server error."""
+    refusing = "{{ raise_exception('System role not supported') }}"
+    monkeypatch.setattr(engine.tokenizer, "chat_template", refusing, raising=False)
+    with pytest.raises(InvalidRequestError, match="System role not supported") as err:
+        engine.apply_chat_template([{"role": "system", "content": "x"}, {"role": "user", "content": "y"}])
+    assert err.value.param == "messages"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -125,6 +127,59 @@ def test_seeded_sampling_with_penalties_is_identical_with_and_without_speculatio
     plain = run_staggered(make_engine(target), prompts, params)
     spec = run_staggered(make_engine(target, draft=str(oracle)), prompts, params)
     assert spec == plain
+
+
+def _finish(engine, prompt, params) -> dict:
+    """One request to its end: tokens, text, finish reason, logprob entries, usage."""
+    engine.add_request("r", prompt, params)
+    done = {"tokens": [], "text": "", "logprobs": 0}
+    while engine.has_unfinished():
+        for out in engine.step():
+            done["tokens"] += out.new_token_ids
+            done["text"] += out.new_text
+            done["logprobs"] += len(out.new_logprobs or [])
+            if out.finished:
+                done["reason"], done["usage"] = out.finish_reason, out.num_output_tokens
+    return done
+
+
+def test_stop_strings_and_min_tokens_under_deep_speculation_match_plain_decoding(bigram):
+    """Steps here accept up to 6 tokens, so a stop string often completes inside one. The output
+    tokens (and usage, logprobs) still end with the token that completed it, as plain decoding's
+    do; a stop string completed by the last token max_tokens allows finishes as "stop"; and
+    min_tokens holds back stop strings and stop ids identically in both modes."""
+    target, oracle = bigram
+    plain = make_engine(target)
+    spec = make_engine(target, draft=str(oracle), spec=SpecConfig(num_draft_tokens=6, depth=5, top_k=1))
+    decode = plain.tokenizer.decode
+    base = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=0)
+    for prompt in random_prompts(16, [4, 9, 15], TINY_VOCAB_SIZE):
+        free = _finish(plain, prompt, base)
+        # three letters from the middle (random tokens also decode to partial characters)
+        start = next(i for i in range(10, len(free["text"])) if free["text"][i : i + 3].isalpha())
+        stop = free["text"][start : start + 3]
+        cut = free["text"].find(stop)
+
+        def both(prompt=prompt, **changes) -> dict:
+            params = dataclasses.replace(base, **changes)
+            result = _finish(plain, prompt, params)
+            assert _finish(spec, prompt, params) == result, changes
+            return result
+
+        stopped = both(stop=(stop,))
+        tokens = stopped["tokens"]
+        assert stopped["reason"] == "stop" and stopped["text"] == free["text"][:cut]
+        assert stopped["usage"] == stopped["logprobs"] == len(tokens) < len(free["tokens"])
+        assert stop in decode(tokens) and stop not in decode(tokens[:-1])
+        assert both(stop=(stop,), max_tokens=len(tokens))["reason"] == "stop"
+        # min_tokens past the first stop: searched only in text that ends after it
+        later = both(stop=(stop,), min_tokens=len(tokens) + 1)
+        assert len(later["tokens"]) > len(tokens) and later["text"].startswith(free["text"][: cut + len(stop)])
+        # a stop id can only be sampled from the min_tokens-th token on
+        stop_id = free["tokens"][3]
+        held = both(stop_token_ids=(stop_id,), min_tokens=12, max_tokens=30)
+        assert stop_id not in held["tokens"] and len(held["tokens"]) >= 12
+    assert spec.stats["spec_num_accepted_tokens"] > 2 * spec.stats["spec_num_drafts"]
 
 
 def _first_three_counts(engine, prompt, params, num_samples: int) -> dict[tuple[int, ...], int]:

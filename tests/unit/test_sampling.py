@@ -8,9 +8,11 @@ import pytest
 import torch
 from scipy import stats
 
+from eagle_core.errors import InvalidRequestError
 from eagle_core.sampling import (
     apply_penalties,
     compute_logprobs,
+    hold_back_stop_tokens,
     make_generator,
     processed_probs,
     sample,
@@ -264,6 +266,31 @@ def test_penalties_with_empty_histories():
     logits = torch.tensor([LOGITS])
     out = apply_penalties(logits, [[]], [[]], [SamplingParams(repetition_penalty=1.5)])
     assert torch.equal(out, logits)
+
+
+# --- min_tokens -----------------------------------------------------------------------------
+
+
+def test_min_tokens_holds_back_stop_tokens_only_in_rows_short_of_it():
+    logits = torch.zeros(3, 6)  # [rows, vocab]
+    params = [SamplingParams(min_tokens=2), SamplingParams(min_tokens=2), SamplingParams()]
+    stops = [frozenset({1, 4, 99}), frozenset({1, 4}), frozenset({1})]  # 99: past this vocab
+    out = hold_back_stop_tokens(logits, [1, 2, 0], params, stops)
+    assert out[0].tolist() == [0, -math.inf, 0, 0, -math.inf, 0]  # 1 token out, 2 needed
+    assert out[1].tolist() == [0.0] * 6 and out[2].tolist() == [0.0] * 6
+    assert logits.eq(0).all()  # the caller's tensor is not modified
+    probs = processed_probs(out, [SamplingParams(temperature=0.0, min_tokens=2)] * 3)
+    assert probs[0, 1] == 0 and probs[0, 4] == 0
+
+
+def test_min_tokens_is_checked_against_max_tokens():
+    with pytest.raises(InvalidRequestError, match="min_tokens") as err:
+        SamplingParams(min_tokens=5, max_tokens=4)
+    assert err.value.param == "min_tokens"
+    with pytest.raises(InvalidRequestError):
+        SamplingParams(min_tokens=-1)
+    assert SamplingParams(min_tokens=4, max_tokens=4).edits_logits
+    assert not SamplingParams().edits_logits
 
 
 # --- generators and reproducibility ---------------------------------------------------------

@@ -96,6 +96,21 @@ def test_draft_slots_are_reserved_and_capped_by_room_and_budget():
     assert len(blocks) * 4 >= 5 + 1 + 2
 
 
+def test_draft_slots_never_preempt_and_take_what_kv_is_left():
+    """Out of KV blocks, a decoding sequence gets its own token and only the draft slots that
+    free blocks or its own blocks hold; no sequence is preempted (and recomputed) for drafts."""
+    s = make(num_blocks=5, block_size=4, draft_slots=4)
+    s.add(request("a", 7))
+    s.add(request("b", 7))
+    step(s)  # prefills: 2 blocks each (7 tokens + the first output), one block free
+    batch, _ = step(s)
+    # a's root (position 7) fits its 2nd block; its 4 drafts take the free block. b's root fits
+    # too, and nothing is left for b's drafts.
+    assert [(w.request_id, w.num_draft_slots, w.draft_skip_reason) for w in batch.seqs] == [
+        ("a", 4, None), ("b", 0, "kv_cache")]  # fmt: skip
+    assert s.num_preemptions == 0 and s.blocks.num_free_blocks == 0
+
+
 def test_accepted_drafts_advance_the_kv_length():
     s = make(draft_slots=4)
     s.add(request("a", 4))

@@ -1,0 +1,55 @@
+"""IncrementalDetokenizer with a byte-level tokenizer made by hand (token id = one byte)."""
+
+from __future__ import annotations
+
+from eagle_core.detokenizer import IncrementalDetokenizer
+
+
+class ByteTokenizer:
+    """Token i is the byte i: a multi-byte character spans several tokens, as in byte-level BPE."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def ids(text: str) -> list[int]:
+    return list(text.encode())
+
+
+def detok(*stop: str) -> IncrementalDetokenizer:
+    return IncrementalDetokenizer(ByteTokenizer(), [], stop, True)
+
+
+def test_text_waits_for_a_whole_character():
+    d = detok()
+    e_acute = ids("é")  # 2 bytes
+    assert not d.add(ids(" caf") + e_acute[:1])
+    assert d.release(finished=False) == ""  # held back: the step ends inside a character
+    d.add(e_acute[1:])
+    assert d.release(finished=False) == " café"
+
+
+def test_a_request_ending_inside_a_character_keeps_the_text_before_it():
+    """A speculative step can accept several tokens and end the request on a partial
+    character: the whole characters before it are still shown."""
+    d = detok()
+    d.add(ids(" the caf") + ids("é")[:1])
+    assert d.release(finished=True) == " the caf"
+
+
+def test_stop_string_cuts_the_text():
+    d = detok("ab")
+    assert not d.add(ids("xxa"))
+    assert d.add(ids("bcd"))
+    assert d.text == "xx"
+    assert d.release(finished=True) == "xx"
+
+
+def test_a_stop_string_before_min_tokens_is_not_found_later():
+    """Text added with find_stop=False (before min_tokens) is never searched again, even for a
+    stop string shorter than the longest one (whose length sets how far back a search looks)."""
+    d = detok("b", "xyz")
+    assert not d.add(ids("ab"), find_stop=False)
+    assert not d.add(ids("c"))
+    assert d.add(ids("b"))  # a new "b" is found
+    assert d.text == "abc"
