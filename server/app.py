@@ -26,6 +26,7 @@ from server.engine_client import EngineClient, EngineNotReady, EngineStepError, 
 from server.errors import (
     APIError,
     bad_request,
+    engine_failed,
     error_body,
     error_response,
     internal_error,
@@ -80,7 +81,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     settings: ServerSettings = app.state.settings
 
     def answer(request: Request, err: APIError) -> JSONResponse:
-        if err.status >= 400 and err.status != 503:
+        if err.status >= 400 and err.code != "model_loading":
             app.state.metrics.record_failure(err.code or str(err.status))
         return error_response(err)
 
@@ -90,7 +91,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(InvalidRequestError)
     async def invalid_request(request: Request, exc: InvalidRequestError) -> JSONResponse:
-        return answer(request, bad_request(exc.message, exc.param))
+        return answer(request, bad_request(exc.message, exc.param, exc.code))
 
     @app.exception_handler(RequestValidationError)
     async def request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -119,7 +120,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(EngineNotReady)
     async def loading(request: Request, exc: EngineNotReady) -> JSONResponse:
-        return answer(request, not_ready(settings.retry_after_s))
+        return answer(request, engine_failed() if exc.failed else not_ready(settings.retry_after_s))
 
     @app.exception_handler(ClientGone)
     async def gone(request: Request, exc: ClientGone) -> Response:
@@ -127,7 +128,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         return Response(status_code=499)
 
     @app.exception_handler(EngineStepError)
-    async def engine_failed(request: Request, exc: EngineStepError) -> JSONResponse:
+    async def step_failed(request: Request, exc: EngineStepError) -> JSONResponse:
         return answer(request, internal_error())
 
     @app.exception_handler(Exception)

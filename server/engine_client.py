@@ -18,10 +18,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from eagle_core.errors import InvalidRequestError
 from eagle_core.outputs import RequestOutput
 from eagle_core.sampling_params import SamplingParams
 
@@ -33,7 +34,11 @@ _FAILURE_BACKOFF_S = 0.05
 
 
 class EngineNotReady(RuntimeError):
-    """The engine is still loading (or failed to load)."""
+    """The engine is still loading, or failed (to load, or later: its loop died)."""
+
+    def __init__(self, state: str, message: str | None = None):
+        super().__init__(message or state)
+        self.failed = state == "failed"
 
 
 class QueueFull(RuntimeError):
@@ -153,7 +158,7 @@ class EngineClient:
         assert self._ready is not None, "start() first"
         await self._ready.wait()
         if self.state != "ready":
-            raise EngineNotReady(f"engine failed to load: {self.load_error}")
+            raise EngineNotReady(self.state, f"engine failed to load: {self.load_error}")
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self._stop = True
@@ -208,6 +213,12 @@ class EngineClient:
         self._require_ready()
         assert len(prompts) == len(params)
         count = len(prompts)
+        if count > self.max_waiting:  # a 429 would send the client into retries that never pass
+            raise InvalidRequestError(
+                f"this request needs {count} sequences (prompts x n); this server queues at most "
+                f"{self.max_waiting} (--max-waiting)",
+                "n",
+            )
         with self._pending_lock:
             if self.num_waiting + self._pending + count > self.max_waiting:
                 raise QueueFull()
@@ -221,6 +232,8 @@ class EngineClient:
         self._notify("on_submit", ids, time.monotonic())
         future = asyncio.get_running_loop().create_future()
         self._send(_Add(list(zip(ids, prompts, params, strict=True)), future))
+        if self.state == "failed":  # the loop died after _require_ready: it will not see the add
+            self._fail_queued_adds()
         try:
             await future
         except BaseException:
@@ -301,6 +314,17 @@ class EngineClient:
             self.load_error = exc
             self.state = "failed"  # /health turns 503 so an orchestrator restarts us
             self._call_soon(self._fail_streams, EngineStepError(str(exc)))
+        finally:
+            self._fail_queued_adds()
+
+    def _fail_queued_adds(self) -> None:
+        """Once the loop is gone nothing applies queued commands: answer the submits still
+        waiting on theirs (they would otherwise wait forever)."""
+        for command in self._queued_commands():
+            if isinstance(command, _Add):
+                with self._pending_lock:
+                    self._pending -= len(command.items)
+                self._call_soon(_resolve, command.future, EngineNotReady("failed"))
 
     def _loop_forever(self, engine: Any) -> None:
         active: set[str] = set()  # engine requests added and not yet finished
@@ -327,12 +351,16 @@ class EngineClient:
             if outputs:
                 self._call_soon(self._dispatch, outputs)
 
-    def _apply_commands(self, engine: Any, active: set[str]) -> None:
+    def _queued_commands(self) -> Iterator[_Add | _Abort | None]:
+        """Take the queued commands, without waiting for more."""
         while True:
             try:
-                command = self._commands.get_nowait()
+                yield self._commands.get_nowait()
             except queue.Empty:
                 return
+
+    def _apply_commands(self, engine: Any, active: set[str]) -> None:
+        for command in self._queued_commands():
             if isinstance(command, _Add):
                 self._apply_add(engine, active, command)
             elif isinstance(command, _Abort):

@@ -41,8 +41,8 @@ def error_response(err: APIError) -> JSONResponse:
     )
 
 
-def bad_request(message: str, param: str | None = None) -> APIError:
-    return APIError(400, message, "invalid_request_error", param, "invalid_value")
+def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
+    return APIError(400, message, "invalid_request_error", param, code)
 
 
 def model_not_found(name: str) -> APIError:
@@ -74,6 +74,17 @@ def not_ready(retry_after_s: int) -> APIError:
         None,
         "model_loading",
         {"Retry-After": str(retry_after_s)},
+    )
+
+
+def engine_failed() -> APIError:
+    # No Retry-After: this process will not recover; /health is 503 so an orchestrator restarts it.
+    return APIError(
+        503,
+        "The engine has failed and this server cannot serve requests until it is restarted",
+        "service_unavailable_error",
+        None,
+        "engine_failed",
     )
 
 

@@ -72,9 +72,9 @@ ACCEPTANCE_LENGTH_BUCKETS = tuple(float(k) for k in range(1, MAX_ACCEPTANCE_LENG
 """Tokens emitted per verified tree: an integer from 1 (nothing accepted) to depth + 1, so one
 edge per integer makes every bucket exact."""
 
-SERVER_FAILURE_REASONS = ("internal_error", "queue_full")
-"""The `reason`s of eagle_request_failure_total that are the server's failure (500, and 429 when
-the waiting queue is full). Every other reason is an HTTP error the client caused (401 bad key,
+SERVER_FAILURE_REASONS = ("internal_error", "queue_full", "engine_failed")
+"""The `reason`s of eagle_request_failure_total that are the server's failure (500, 429 when
+the waiting queue is full, and 503 once the engine has died). Every other reason is an HTTP error the client caused (401 bad key,
 413 body too large, 400 invalid value, 404 unknown model or route, ...). The error-rate alert
 and the dashboard's error-rate stat count only these; keep them in step with server/errors.py."""
 

@@ -1,16 +1,19 @@
 """Pydantic models of the OpenAI request and response bodies this server speaks.
 
-Requests ignore unknown fields (as OpenAI's own server does), so newer clients keep working.
-Pydantic checks only shapes and types here; value ranges (temperature in [0, 2], ...) are
-checked once, by eagle_core.SamplingParams, whose errors name the parameter.
+Requests ignore unknown fields, so newer clients keep working, except for the OpenAI features
+that change what a client expects back (JSON mode, tool calls, logit_bias): those are a 400
+rather than free text the client cannot parse. An explicit null means the field's default
+where null is not itself a value of the field. Pydantic checks only shapes and types here; value ranges (temperature in
+[0, 2], ...) are checked once, by eagle_core.SamplingParams, whose errors name the parameter.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.fields import FieldInfo
 
 from eagle_core.errors import InvalidRequestError
 from eagle_core.sampling_params import SamplingParams
@@ -18,8 +21,25 @@ from eagle_core.sampling_params import SamplingParams
 MAX_N = 64  # more choices than this per request is almost surely a client bug
 
 
+def _accepts_none(field: FieldInfo) -> bool:
+    return field.annotation is Any or type(None) in get_args(field.annotation)
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        # Clients send `"n": null`, `"stream": null`, ... for "not set". Fields where null is a
+        # value keep it (completions' `max_tokens: null` is "no limit", as in vLLM).
+        if not isinstance(data, dict):
+            return data
+        return {
+            key: value
+            for key, value in data.items()
+            if value is not None or key not in cls.model_fields or _accepts_none(cls.model_fields[key])
+        }
 
 
 class StreamOptions(_Request):
@@ -69,6 +89,12 @@ class _SamplingRequest(_Request):
     stop_token_ids: list[int] | None = None
     min_tokens: int | None = None
     ignore_eos: bool | None = None
+    # OpenAI features this server does not implement (see _check_supported).
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    logit_bias: dict[str, float] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -80,9 +106,26 @@ class _SamplingRequest(_Request):
     def _logprobs(self) -> int | None:
         raise NotImplementedError
 
+    def _check_supported(self) -> None:
+        """A JSON-mode or tool-calling client that got free text back would fail later and
+        obscurely; a 400 naming the field tells it at once."""
+        kind = (self.response_format or {}).get("type", "text")
+        if kind != "text":
+            raise InvalidRequestError(
+                f"response_format {kind!r} is not supported by this server; only 'text' is",
+                "response_format",
+            )
+        if self.tools and self.tool_choice != "none":
+            raise InvalidRequestError("tools (function calling) are not supported by this server", "tools")
+        if self.functions:
+            raise InvalidRequestError("functions (function calling) are not supported by this server", "functions")
+        if self.logit_bias:
+            raise InvalidRequestError("logit_bias is not supported by this server", "logit_bias")
+
     def sampling_params(self, index: int = 0) -> SamplingParams:
         """SamplingParams for choice `index`: choice i of a seeded request uses seed + i,
         so n > 1 gives n different but reproducible samples."""
+        self._check_supported()
         given = {
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -115,6 +158,11 @@ class ChatCompletionRequest(_SamplingRequest):
     def _max_tokens(self) -> int | None:
         # Chat default: no limit but the context (OpenAI's behaviour).
         if self.max_completion_tokens is not None:
+            if self.max_completion_tokens < 1:  # checked here so the error names this field
+                raise InvalidRequestError(
+                    f"max_completion_tokens must be at least 1, got {self.max_completion_tokens}",
+                    "max_completion_tokens",
+                )
             return self.max_completion_tokens
         return self.max_tokens
 
@@ -123,6 +171,8 @@ class ChatCompletionRequest(_SamplingRequest):
             raise InvalidRequestError("top_logprobs requires logprobs to be true", "top_logprobs")
         if not self.logprobs:
             return None
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
+            raise InvalidRequestError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}", "top_logprobs")
         return self.top_logprobs or 0
 
     def template_messages(self) -> list[dict[str, str]]:

@@ -221,7 +221,7 @@ async def chat_completions(request: Request) -> Response:
     except InvalidRequestError as exc:
         # The engine speaks of "prompt"; a chat client sent "messages".
         param = "messages" if exc.param == "prompt" else exc.param
-        raise InvalidRequestError(exc.message, param) from None
+        raise InvalidRequestError(exc.message, param, exc.code) from None
     want_logprobs = req.logprobs
     if req.stream:
         meta = _stream_meta(

@@ -74,13 +74,26 @@ def test_happy_path_with_key(http):
          "messages.0.role"),
         ("/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": -1}, "max_tokens"),
         ("/v1/completions", {"model": "tiny", "prompt": "x", "top_p": 1.5}, "top_p"),
-        ("/v1/completions", {"model": "tiny", "prompt": "hello " * 600}, "prompt"),  # > context
         ("/v1/completions", {"model": "tiny", "prompt": [1, 2, 999999]}, "prompt"),  # bad token id
     ],
 )  # fmt: skip
 def test_400_names_the_parameter(http, path, body, param):
     err = assert_error(http.post(path, json=body), 400, param=param, type="invalid_request_error")
     assert err["code"] == "invalid_value"
+    assert_still_serving(http)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"model": "tiny", "prompt": "hello " * 600}, "prompt"),
+        ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hello " * 600}]},
+         "messages"),
+    ],
+)  # fmt: skip
+def test_400_context_length_exceeded(http, path, body, param):
+    """OpenAI's code for a prompt that leaves no room in the context: clients act on it."""
+    assert_error(http.post(path, json=body), 400, param=param, code="context_length_exceeded")
     assert_still_serving(http)
 
 

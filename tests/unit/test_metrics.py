@@ -320,11 +320,12 @@ def server_error_codes() -> set[str]:
     made = [
         errors.queue_full(1),
         errors.not_ready(1),
+        errors.engine_failed(),
         errors.internal_error(),
         errors.bad_request("x"),
         errors.model_not_found("x"),
     ]
-    return {e.code for e in made if (e.status >= 500 or e.status == 429) and e.status != 503}
+    return {e.code for e in made if (e.status >= 500 or e.status == 429) and e.code != "model_loading"}
 
 
 def test_server_failure_reasons_match_errors_alert_and_dashboard():

@@ -101,6 +101,25 @@ async def test_chat_content_parts_and_max_completion_tokens(server):
     assert body["usage"]["prompt_tokens"] == len("system: be brief\nuser: ab\nassistant: ")
 
 
+async def test_null_means_the_default_and_harmless_openai_fields_pass(server):
+    """Clients send null for "not set"; tool_choice "none" and a text response_format ask for
+    nothing this server lacks; min_tokens reaches the engine."""
+    _, _, http = server
+    body = chat(
+        n=None, stream=None, logprobs=None, stream_options=None, user=None, max_tokens=3,
+        response_format={"type": "text"}, tools=[{"type": "function", "function": {"name": "f"}}],
+        tool_choice="none", min_tokens=2,
+    )  # fmt: skip
+    resp = await http.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    assert len(resp.json()["choices"]) == 1 and resp.json()["usage"]["completion_tokens"] == 3
+    resp = await http.post("/v1/completions", json={"prompt": "x", "max_tokens": 4, "echo": None, "n": None})
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 4
+    # null is a value of max_tokens: no limit but the context (vLLM's reading), not 16
+    resp = await http.post("/v1/completions", json={"prompt": "x", "max_tokens": None, "temperature": 0})
+    assert resp.json()["usage"]["completion_tokens"] > 16
+
+
 async def test_completion_defaults_to_16_tokens_and_ignores_unknown_fields(server):
     _, _, http = server
     resp = await http.post(
@@ -316,7 +335,15 @@ async def test_health_reports_load_failure():
         (chat(n=0), "n"),
         (chat(max_tokens=0), "max_tokens"),
         (chat(top_logprobs=3), "top_logprobs"),
-        (chat(logprobs=True, top_logprobs=50), "logprobs"),
+        (chat(logprobs=True, top_logprobs=50), "top_logprobs"),
+        (chat(max_completion_tokens=0), "max_completion_tokens"),
+        (chat(min_tokens=5, max_tokens=2), "min_tokens"),
+        (chat(min_tokens=-1), "min_tokens"),
+        (chat(response_format={"type": "json_object"}), "response_format"),
+        (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+        (chat(functions=[{"name": "f"}]), "functions"),
+        (chat(logit_bias={"5": 10}), "logit_bias"),
+        (chat(n=17), "n"),  # more choices than --max-waiting (16 here): never servable
         (chat(stop=["a"] * 17), "stop"),
         (chat(temperature="hot"), "temperature"),
         ({"model": "fake-model"}, "messages"),
@@ -505,6 +532,36 @@ async def test_cors_preflight_and_headers():
         client.shutdown()
 
 
+async def test_a_request_queued_as_the_engine_loop_dies_is_answered():
+    """An add the dying loop never applied must not leave its HTTP request waiting forever."""
+    engine = FakeEngine()
+    _, client, http = await make_server(engine=engine)
+    await client.wait_ready()
+    inside, release = threading.Event(), threading.Event()
+
+    def broken() -> bool:
+        if not engine.waiting:
+            return False  # idle: the loop waits for a command
+        inside.set()  # the first request was added
+        release.wait(5)
+        raise RuntimeError("loop bug")
+
+    try:
+        engine.has_unfinished = broken
+        first = asyncio.create_task(http.post("/v1/chat/completions", json=chat(max_tokens=2)))
+        assert await asyncio.to_thread(inside.wait, 5)  # the loop took the first add, then hung
+        second = asyncio.create_task(http.post("/v1/chat/completions", json=chat(max_tokens=2)))
+        while client._commands.empty():  # the second add is queued behind the stuck loop
+            await asyncio.sleep(0.01)
+        release.set()
+        assert_error(await asyncio.wait_for(first, 5), 500, code="internal_error")
+        assert_error(await asyncio.wait_for(second, 5), 503, code="engine_failed")
+    finally:
+        release.set()
+        await http.aclose()
+        client.shutdown()
+
+
 async def test_dead_engine_loop_fails_requests_and_health():
     engine = FakeEngine()
     engine.step_delay = 0.01
@@ -523,6 +580,13 @@ async def test_dead_engine_loop_fails_requests_and_health():
         assert "loop bug" not in resp.text
         health = await http.get("/health")
         assert health.status_code == 503 and health.json()["status"] == "failed"
+        # Later requests are told the engine is gone (not "still loading"), and count as the
+        # server's failures.
+        resp = await http.post("/v1/chat/completions", json=chat(max_tokens=2))
+        assert_error(resp, 503, code="engine_failed")
+        assert "retry-after" not in resp.headers
+        metrics = (await http.get("/metrics")).text
+        assert 'eagle_request_failure_total{model_name="fake-model",reason="engine_failed"} 1.0' in metrics
     finally:
         await http.aclose()
         client.shutdown()
