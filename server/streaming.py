@@ -71,6 +71,8 @@ def _event(chunk: BaseModel, include_usage: bool) -> dict[str, str]:
     for choice in data["choices"]:
         if choice.get("spec_decode") is None:
             choice.pop("spec_decode", None)
+        if "delta" in choice:  # OpenAI leaves unset delta fields out: {"content": "..."}, then {}
+            choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
     if not include_usage:
         data.pop("usage", None)
     return {"data": json.dumps(data, separators=(",", ":"))}

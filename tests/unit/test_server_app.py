@@ -185,6 +185,8 @@ async def test_chat_stream_event_order(server):
     first, *middle, final, usage = chunks
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert "".join(c["choices"][0]["delta"]["content"] for c in middle) == REPLY
+    assert all(set(c["choices"][0]["delta"]) == {"content"} for c in middle)
+    assert final["choices"][0]["delta"] == {}
     assert all(c["choices"][0]["finish_reason"] is None for c in middle)
     assert all("spec_decode" not in c["choices"][0] for c in middle)
     assert all(c["usage"] is None for c in middle)
