@@ -57,8 +57,8 @@ class SeqWork:
     holds them back until params.min_tokens tokens are out."""
     draft_skip_reason: str | None = None
     """Why a decode step of a speculating engine gets no tree from the draft head ("length_cap",
-    "token_budget", "batch_size", "kv_cache"); None otherwise. A "batch_size" step may still hold slots
-    for context lookup's tokens."""
+    "token_budget", "batch_size", "kv_cache"); None otherwise. A "batch_size" step may still
+    hold slots for context lookup's tokens."""
 
     @property
     def drafts_with_head(self) -> bool:

@@ -74,9 +74,10 @@ edge per integer makes every bucket exact."""
 
 SERVER_FAILURE_REASONS = ("internal_error", "queue_full", "engine_failed")
 """The `reason`s of eagle_request_failure_total that are the server's failure (500, 429 when
-the waiting queue is full, and 503 once the engine has died). Every other reason is an HTTP error the client caused (401 bad key,
-413 body too large, 400 invalid value, 404 unknown model or route, ...). The error-rate alert
-and the dashboard's error-rate stat count only these; keep them in step with server/errors.py."""
+the waiting queue is full, and 503 once the engine has died). Every other reason is an HTTP
+error the client caused (401 bad key, 413 body too large, 400 invalid value, 404 unknown model
+or route, ...). The error-rate alert and the dashboard's error-rate stat count only these; keep
+them in step with server/errors.py."""
 
 
 def per_token_latencies(gap_s: float, num_tokens: int) -> list[float]:

@@ -3,8 +3,9 @@
 Requests ignore unknown fields, so newer clients keep working, except for the OpenAI features
 that change what a client expects back (JSON mode, tool calls, logit_bias): those are a 400
 rather than free text the client cannot parse. An explicit null means the field's default
-where null is not itself a value of the field. Pydantic checks only shapes and types here; value ranges (temperature in
-[0, 2], ...) are checked once, by eagle_core.SamplingParams, whose errors name the parameter.
+where null is not itself a value of the field. Pydantic checks only shapes and types here;
+value ranges (temperature in [0, 2], ...) are checked once, by eagle_core.SamplingParams, whose
+errors name the parameter.
 """
 
 from __future__ import annotations
