@@ -18,6 +18,7 @@ from eagle_core.config import EngineConfig
 from server.app import create_app
 from server.args import ConfigError, parse_args
 from server.engine_client import EngineClient
+from server.streaming import SHUTDOWN_GRACE_S
 
 logger = logging.getLogger("server")
 
@@ -54,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             host=settings.host,
             port=settings.port,
             log_level=settings.log_level,
-            timeout_graceful_shutdown=5,
+            # Streams get SHUTDOWN_GRACE_S to finish first (server/streaming.py).
+            timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S) + 1,
         )
     )
 

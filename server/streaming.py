@@ -9,18 +9,22 @@ Event order per stream:
 The stream only starts after the engine accepted the request, so queue-full and validation
 errors are plain HTTP errors, never events inside a 200 stream. When the client disconnects,
 sse-starlette cancels the generator and its `finally` aborts the engine requests, which frees
-their KV at the engine's next step.
+their KV at the engine's next step. When the server stops (SIGTERM), running streams get
+SHUTDOWN_GRACE_S to finish; one still running then ends with a `server_shutdown` error event and
+`data: [DONE]` rather than a connection cut mid-answer.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse
 
@@ -46,6 +50,13 @@ from server.protocol import (
 logger = logging.getLogger(__name__)
 
 DONE = {"data": "[DONE]"}
+
+SHUTDOWN_GRACE_S = 4.0
+"""How long running streams may go on once the server is stopping. Below uvicorn's graceful
+shutdown timeout (server/__main__.py), which closes every connection after it."""
+_FAREWELL_MARGIN_S = 0.5
+"""A stream still running this long before the grace ends sends its error event and [DONE]
+(sse-starlette cancels the generator when the grace is over)."""
 
 
 @dataclass
@@ -78,18 +89,45 @@ def _event(chunk: BaseModel, include_usage: bool) -> dict[str, str]:
     return {"data": json.dumps(data, separators=(",", ":"))}
 
 
-def event_source(events: AsyncIterator[dict[str, str]]) -> EventSourceResponse:
-    # "\n" line endings match OpenAI's own stream byte for byte (the default is "\r\n").
-    return EventSourceResponse(events, sep="\n")
+def event_source(events_for: Callable[[anyio.Event], AsyncIterator[dict[str, str]]]) -> EventSourceResponse:
+    """The SSE response; `events_for(shutdown)` makes the events, `shutdown` being set when the
+    server starts stopping."""
+    shutdown = anyio.Event()
+    return EventSourceResponse(
+        events_for(shutdown),
+        sep="\n",  # matches OpenAI's own stream byte for byte (the default is "\r\n")
+        shutdown_event=shutdown,
+        shutdown_grace_period=SHUTDOWN_GRACE_S,
+    )
 
 
 async def _guarded(
-    stream: RequestStream, meta: StreamMeta, events: AsyncIterator[dict[str, str]]
+    stream: RequestStream,
+    meta: StreamMeta,
+    events: AsyncIterator[dict[str, str]],
+    shutdown: anyio.Event,
 ) -> AsyncIterator[dict[str, str]]:
-    """Abort on disconnect (the generator is cancelled or closed); report engine failure as a
-    final error event, since the 200 status is already on the wire."""
+    """Abort on disconnect (the generator is cancelled or closed); report engine failure, and a
+    stream cut by the server stopping, as a final error event, since the 200 status is already
+    on the wire."""
+    cut_at = math.inf  # monotonic time at which a stopping server ends this stream
     try:
-        async for event in events:
+        while True:
+            if shutdown.is_set() and cut_at == math.inf:
+                cut_at = time.monotonic() + SHUTDOWN_GRACE_S - _FAREWELL_MARGIN_S
+            event = None
+            with anyio.move_on_after(cut_at - time.monotonic()) as waited:
+                event = await anext(events, None)
+            if waited.cancelled_caught:
+                logger.warning("server stopping: ending a stream before its answer is complete")
+                body = error_body(
+                    "The server is shutting down; the answer was cut short", "server_error", None, "server_shutdown"
+                )
+                yield {"data": json.dumps(body)}
+                yield DONE
+                return
+            if event is None:
+                return
             yield event
     except EngineStepError:
         logger.warning("engine failed during a stream; ending it with an error event")
@@ -103,11 +141,11 @@ async def _guarded(
 
 
 def chat_stream(stream: RequestStream, meta: StreamMeta) -> EventSourceResponse:
-    return event_source(_guarded(stream, meta, _chat_events(stream, meta)))
+    return event_source(lambda shutdown: _guarded(stream, meta, _chat_events(stream, meta), shutdown))
 
 
 def completion_stream(stream: RequestStream, meta: StreamMeta) -> EventSourceResponse:
-    return event_source(_guarded(stream, meta, _completion_events(stream, meta)))
+    return event_source(lambda shutdown: _guarded(stream, meta, _completion_events(stream, meta), shutdown))
 
 
 async def _chat_events(stream: RequestStream, meta: StreamMeta) -> AsyncIterator[dict[str, str]]:

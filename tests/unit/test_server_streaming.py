@@ -128,3 +128,45 @@ async def test_submit_is_all_or_nothing_on_invalid_request():
         assert outs[-1].finished and outs[-1].finish_reason == "length"
     finally:
         client.shutdown()
+
+
+async def test_a_stopping_server_lets_streams_finish_then_ends_the_rest_with_an_error_event():
+    """SIGTERM (sse-starlette's AppStatus.should_exit): a stream that ends within the grace ends
+    normally; one still running at its end gets a server_shutdown error event and [DONE], not a
+    cut connection."""
+    from sse_starlette.sse import AppStatus
+
+    from server.streaming import SHUTDOWN_GRACE_S
+
+    engine = FakeEngine(max_model_len=100_000)
+    engine.step_delay = 0.05  # 2 characters per step: the greedy reply (51) takes ~1.3 s
+
+    async def read(http, body, started: asyncio.Event) -> list[str]:
+        data = []
+        async with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as resp:
+            async for line in resp.aiter_lines():
+                if line.startswith("data: "):
+                    data.append(line[6:])
+                    started.set()
+        return data
+
+    async with live_server(engine) as (_, http):
+        try:
+            starts = [asyncio.Event(), asyncio.Event()]
+            short = asyncio.create_task(read(http, {"prompt": "p", "temperature": 0, "max_tokens": None}, starts[0]))
+            endless = asyncio.create_task(read(http, {"prompt": "p", "max_tokens": None, "temperature": 1.0}, starts[1]))
+            for started in starts:
+                await asyncio.wait_for(started.wait(), 5)
+            AppStatus.should_exit = True
+            t0 = asyncio.get_running_loop().time()
+            short_data, endless_data = await asyncio.wait_for(asyncio.gather(short, endless), SHUTDOWN_GRACE_S + 3)
+            elapsed = asyncio.get_running_loop().time() - t0
+        finally:
+            AppStatus.should_exit = False
+        await wait_until(lambda: engine.aborted)  # the cut request left the engine
+    assert short_data[-1] == "[DONE]"
+    assert json.loads(short_data[-2])["choices"][0]["finish_reason"] == "stop"
+    assert endless_data[-1] == "[DONE]"
+    assert json.loads(endless_data[-2])["error"]["code"] == "server_shutdown"
+    assert len(endless_data) > 30  # it went on streaming during the grace
+    assert 1.0 < elapsed < SHUTDOWN_GRACE_S + 2
