@@ -10,7 +10,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -61,9 +61,11 @@ def create_app(engine_client: EngineClient, settings: ServerSettings) -> FastAPI
         engine_client, lambda: settings.served_model_name or engine_client.model_name or "default"
     )
     app.include_router(router)
-    _add_error_handlers(app)
-    # Outermost first: CORS must answer preflights before the key check (browsers send no
-    # Authorization on OPTIONS) and must decorate 401/413 answers too.
+    unexpected = _add_error_handlers(app)
+    # Each add_middleware wraps the ones before it. CORS, outermost, must answer preflights
+    # before the key check (browsers send no Authorization on OPTIONS) and must decorate every
+    # answer: 401/413 from the guard and the 500s of unexpected errors too.
+    app.add_middleware(UnexpectedErrorMiddleware, handler=unexpected)
     app.add_middleware(
         GuardMiddleware, settings=settings, on_reject=app.state.metrics.record_failure
     )
@@ -77,7 +79,8 @@ def create_app(engine_client: EngineClient, settings: ServerSettings) -> FastAPI
     return app
 
 
-def _add_error_handlers(app: FastAPI) -> None:
+def _add_error_handlers(app: FastAPI) -> Callable[[Request, Exception], Awaitable[Response]]:
+    """Register the error handlers; returns the one for unexpected exceptions."""
     settings: ServerSettings = app.state.settings
 
     def answer(request: Request, err: APIError) -> JSONResponse:
@@ -140,6 +143,37 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ValidationError)
     async def pydantic_error(request: Request, exc: ValidationError) -> JSONResponse:
         return answer(request, validation_error(exc))
+
+    return unexpected
+
+
+class UnexpectedErrorMiddleware:
+    """Answers an unexpected exception from a route with `handler`'s 500, inside the other
+    middlewares. Starlette runs the handler registered for Exception outside all of them, so
+    that 500 would reach a browser without CORS headers: a CORS failure instead of the error."""
+
+    def __init__(self, app: ASGIApp, handler: Callable[[Request, Exception], Awaitable[Response]]):
+        self.app = app
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked_send)
+        except Exception as exc:
+            if started:  # part of a response is out: nothing to answer with any more
+                raise
+            response = await self.handler(Request(scope, receive), exc)
+            await response(scope, receive, send)
 
 
 class GuardMiddleware:

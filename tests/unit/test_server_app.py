@@ -529,6 +529,14 @@ async def test_cors_preflight_and_headers():
         )
         assert resp.status_code == 401
         assert resp.headers["access-control-allow-origin"] == "http://ui.example"
+        # A bug's 500 reaches the browser as the error, not as a CORS failure.
+        client.engine.apply_chat_template = lambda messages: 1 / 0
+        resp = await http.post(
+            "/v1/chat/completions", json=chat(),
+            headers={"Origin": "http://ui.example", "Authorization": "Bearer k"},
+        )  # fmt: skip
+        assert_error(resp, 500, code="internal_error")
+        assert resp.headers["access-control-allow-origin"] == "http://ui.example"
     finally:
         await http.aclose()
         client.shutdown()
