@@ -61,6 +61,11 @@ class SeqWork:
     hold slots for context lookup's tokens."""
 
     @property
+    def holds_back_stop_tokens(self) -> bool:
+        """min_tokens is not reached yet, so this step's samples cannot be stop tokens."""
+        return len(self.output_token_ids) < self.params.min_tokens
+
+    @property
     def drafts_with_head(self) -> bool:
         """The draft head builds this step's tree (else it is plain decoding, or lookup only)."""
         return self.num_draft_slots > 0 and self.draft_skip_reason is None

@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import time
 
-from jinja2 import TemplateError
+from jinja2 import TemplateError, TemplateSyntaxError
 
 from eagle_core.batch import ScheduledBatch, SeqResult
 from eagle_core.config import EngineConfig
@@ -192,6 +192,8 @@ class Engine:
             raise InvalidRequestError("this model has no chat template; use /v1/completions", param="messages")
         try:
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        except TemplateSyntaxError:
+            raise  # the model's template itself is broken: a server fault, whatever was sent
         except TemplateError as exc:
             # Templates raise on purpose for conversations their model does not take (a system
             # role, roles that do not alternate): the client's input, not a server fault.

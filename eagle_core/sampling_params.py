@@ -87,9 +87,3 @@ class SamplingParams:
             or self.frequency_penalty != 0.0
             or self.repetition_penalty != 1.0
         )
-
-    @property
-    def edits_logits(self) -> bool:
-        """Sampling needs more than the raw logits: penalties, or stop tokens held back until
-        min_tokens (greedy requests without either take the argmax fast path)."""
-        return self.needs_penalties or self.min_tokens > 0

@@ -103,6 +103,7 @@ class Scheduler:
         speculate = not self.max_spec_batch or len(self.running) <= self.max_spec_batch
         lookup_alone = not self.max_lookup_batch or len(self.running) <= self.max_lookup_batch
 
+        wanted_drafts: list[tuple[SeqWork, int]] = []
         for request in list(self.running):
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
@@ -112,11 +113,18 @@ class Scheduler:
             if not self._reserve(request, num_new):
                 preempted = True
                 continue
-            if num_draft:
-                num_draft = self._grow_without_preempting(request, request.num_computed_tokens + num_new, num_draft)
-                skip_reason = None if num_draft else "kv_cache"
-            work.append(self._work(request, num_new, num_draft, skip_reason))
+            work.append(self._work(request, num_new, 0, skip_reason))
+            wanted_drafts.append((work[-1], num_draft))
             budget -= num_new + num_draft
+        # Draft slots only once every running sequence holds the KV of its own next tokens:
+        # drafts are optional, and taking a block another sequence then lacks would preempt it
+        # (its whole context recomputed) for a few draft tokens.
+        for w, num_draft in wanted_drafts:
+            if num_draft:
+                request = self.requests[w.request_id]
+                w.num_draft_slots = self._grow_without_preempting(request, w.start_pos + len(w.token_ids), num_draft)
+                w.draft_skip_reason = None if w.num_draft_slots else "kv_cache"
+                budget += num_draft - w.num_draft_slots
 
         while (
             not preempted
@@ -158,9 +166,7 @@ class Scheduler:
 
     def _grow_without_preempting(self, request: Request, reserved: int, wanted: int) -> int:
         """Grow `request`'s blocks for up to `wanted` draft slots past its first `reserved`
-        tokens, from the blocks it holds and the free ones; returns how many it got. Drafts are
-        optional work: never worth preempting a sequence, whose whole context would then be
-        recomputed."""
+        tokens, from the blocks it holds and the free ones; returns how many it got."""
         reachable = (len(request.block_table) + self.blocks.num_free_blocks) * self.blocks.block_size
         wanted = min(wanted, reachable - reserved)
         if wanted < 1:

@@ -132,7 +132,7 @@ class SpecRunner:
     ) -> SeqResult:
         num_nodes = tree.num_nodes
         limit = [work.max_new_tokens]
-        if work.params.greedy and not work.params.edits_logits:
+        if work.params.greedy and not work.params.needs_penalties and not work.holds_back_stop_tokens:
             verification = verify_greedy(tree, torch.tensor([argmax]), limit)
         else:
             probs = self.sampler.process(logits, [work] * num_nodes, self._histories(work, tree))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from jinja2 import TemplateSyntaxError
 
 from eagle_core import InvalidRequestError, ModelConfig, ModelLoadError, SamplingParams
 from eagle_core.worker.loader import load_model
@@ -137,3 +138,7 @@ def test_a_chat_template_that_refuses_the_messages_is_a_client_error(engine, mon
     with pytest.raises(InvalidRequestError, match="System role not supported") as err:
         engine.apply_chat_template([{"role": "system", "content": "x"}, {"role": "user", "content": "y"}])
     assert err.value.param == "messages"
+    # A template that does not even compile is the server's fault, not a 400 blaming messages.
+    monkeypatch.setattr(engine.tokenizer, "chat_template", "{% if %}", raising=False)
+    with pytest.raises(TemplateSyntaxError):
+        engine.apply_chat_template([{"role": "user", "content": "y"}])

@@ -289,8 +289,7 @@ def test_min_tokens_is_checked_against_max_tokens():
     assert err.value.param == "min_tokens"
     with pytest.raises(InvalidRequestError):
         SamplingParams(min_tokens=-1)
-    assert SamplingParams(min_tokens=4, max_tokens=4).edits_logits
-    assert not SamplingParams().edits_logits
+    SamplingParams(min_tokens=4, max_tokens=4)
 
 
 # --- generators and reproducibility ---------------------------------------------------------

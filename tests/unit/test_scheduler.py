@@ -101,14 +101,21 @@ def test_draft_slots_never_preempt_and_take_what_kv_is_left():
     free blocks or its own blocks hold; no sequence is preempted (and recomputed) for drafts."""
     s = make(num_blocks=5, block_size=4, draft_slots=4)
     s.add(request("a", 7))
-    s.add(request("b", 7))
-    step(s)  # prefills: 2 blocks each (7 tokens + the first output), one block free
+    s.add(request("b", 8))
+    step(s)  # prefills: 2 blocks each, one block free
     batch, _ = step(s)
-    # a's root (position 7) fits its 2nd block; its 4 drafts take the free block. b's root fits
-    # too, and nothing is left for b's drafts.
+    # a's root (position 7) fits its 2nd block; b's (position 8) needs the free block, which a's
+    # drafts must not take first. a gets no drafts, b the 3 slots left in its new block.
     assert [(w.request_id, w.num_draft_slots, w.draft_skip_reason) for w in batch.seqs] == [
-        ("a", 4, None), ("b", 0, "kv_cache")]  # fmt: skip
+        ("a", 0, "kv_cache"), ("b", 3, None)]  # fmt: skip
     assert s.num_preemptions == 0 and s.blocks.num_free_blocks == 0
+    s = make(num_blocks=5, block_size=4, draft_slots=4)
+    s.add(request("a", 7))
+    s.add(request("b", 7))
+    step(s)
+    batch, _ = step(s)  # both roots fit the blocks held: a's drafts take the free block
+    assert [(w.num_draft_slots, w.draft_skip_reason) for w in batch.seqs] == [(4, None), (0, "kv_cache")]
+    assert s.num_preemptions == 0
 
 
 def test_accepted_drafts_advance_the_kv_length():
