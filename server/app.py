@@ -32,6 +32,7 @@ from server.errors import (
     internal_error,
     not_ready,
     queue_full,
+    shutting_down,
 )
 from server.metrics import ServerMetrics
 from server.routes import ClientGone, router, validation_error
@@ -84,7 +85,7 @@ def _add_error_handlers(app: FastAPI) -> Callable[[Request, Exception], Awaitabl
     settings: ServerSettings = app.state.settings
 
     def answer(request: Request, err: APIError) -> JSONResponse:
-        if err.status >= 400 and err.code != "model_loading":
+        if err.status >= 400 and err.code not in ("model_loading", "server_shutdown"):
             app.state.metrics.record_failure(err.code or str(err.status))
         return error_response(err)
 
@@ -123,7 +124,11 @@ def _add_error_handlers(app: FastAPI) -> Callable[[Request, Exception], Awaitabl
 
     @app.exception_handler(EngineNotReady)
     async def loading(request: Request, exc: EngineNotReady) -> JSONResponse:
-        return answer(request, engine_failed() if exc.failed else not_ready(settings.retry_after_s))
+        if exc.state == "failed":
+            return answer(request, engine_failed())
+        if exc.state == "stopped":
+            return answer(request, shutting_down(settings.retry_after_s))
+        return answer(request, not_ready(settings.retry_after_s))
 
     @app.exception_handler(ClientGone)
     async def gone(request: Request, exc: ClientGone) -> Response:

@@ -34,11 +34,12 @@ _FAILURE_BACKOFF_S = 0.05
 
 
 class EngineNotReady(RuntimeError):
-    """The engine is still loading, or failed (to load, or later: its loop died)."""
+    """The engine is still loading, has stopped (server shutdown), or failed (to load, or
+    later: its loop died). `state` says which."""
 
     def __init__(self, state: str, message: str | None = None):
         super().__init__(message or state)
-        self.failed = state == "failed"
+        self.state = state
 
 
 class QueueFull(RuntimeError):
@@ -161,6 +162,8 @@ class EngineClient:
             raise EngineNotReady(self.state, f"engine failed to load: {self.load_error}")
 
     def shutdown(self, timeout: float = 5.0) -> None:
+        if self.state == "ready":
+            self.state = "stopped"
         self._stop = True
         self._commands.put(None)
         self._wake.set()
@@ -232,7 +235,7 @@ class EngineClient:
         self._notify("on_submit", ids, time.monotonic())
         future = asyncio.get_running_loop().create_future()
         self._send(_Add(list(zip(ids, prompts, params, strict=True)), future))
-        if self.state == "failed":  # the loop died after _require_ready: it will not see the add
+        if self.state != "ready":  # the loop ended after _require_ready: it will not see the add
             self._fail_queued_adds()
         try:
             await future
@@ -324,7 +327,8 @@ class EngineClient:
             if isinstance(command, _Add):
                 with self._pending_lock:
                     self._pending -= len(command.items)
-                self._call_soon(_resolve, command.future, EngineNotReady("failed"))
+                self._call_soon(self._notify, "on_forget", [rid for rid, _, _ in command.items])
+                self._call_soon(_resolve, command.future, EngineNotReady(self.state))
 
     def _loop_forever(self, engine: Any) -> None:
         active: set[str] = set()  # engine requests added and not yet finished

@@ -77,6 +77,18 @@ def not_ready(retry_after_s: int) -> APIError:
     )
 
 
+def shutting_down(retry_after_s: int) -> APIError:
+    # The server is stopping on purpose (another replica can take the request): not a failure.
+    return APIError(
+        503,
+        "The server is shutting down",
+        "service_unavailable_error",
+        None,
+        "server_shutdown",
+        {"Retry-After": str(retry_after_s)},
+    )
+
+
 def engine_failed() -> APIError:
     # No Retry-After: this process will not recover; /health is 503 so an orchestrator restarts it.
     return APIError(

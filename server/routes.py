@@ -169,7 +169,7 @@ async def health(request: Request) -> Response:
     client = _client(request)
     if client.state == "ready":
         return JSONResponse({"status": "ok"})
-    status = "loading" if client.state == "loading" else "failed"
+    status = client.state if client.state in ("loading", "stopped") else "failed"
     return JSONResponse(
         {"status": status},
         status_code=503,

@@ -89,14 +89,34 @@ def _event(chunk: BaseModel, include_usage: bool) -> dict[str, str]:
     return {"data": json.dumps(data, separators=(",", ":"))}
 
 
-def event_source(events_for: Callable[[anyio.Event], AsyncIterator[dict[str, str]]]) -> EventSourceResponse:
-    """The SSE response; `events_for(shutdown)` makes the events, `shutdown` being set when the
+class _StreamDeadline:
+    """Passed to sse-starlette as the stream's shutdown event: its set(), called when the server
+    starts stopping, fixes when the stream must end and moves the deadline of the wait for the
+    next event already in progress (a stream may be waiting in the queue or on a long prefill,
+    with no event to wake it)."""
+
+    def __init__(self) -> None:
+        self.deadline = math.inf  # event-loop time (anyio.current_time()) at which to end
+        self.waiting: anyio.CancelScope | None = None
+
+    def set(self) -> None:
+        if self.deadline == math.inf:
+            self.deadline = anyio.current_time() + SHUTDOWN_GRACE_S - _FAREWELL_MARGIN_S
+            if self.waiting is not None:
+                self.waiting.deadline = self.deadline
+
+    def is_set(self) -> bool:
+        return self.deadline != math.inf
+
+
+def event_source(events_for: Callable[[_StreamDeadline], AsyncIterator[dict[str, str]]]) -> EventSourceResponse:
+    """The SSE response of the events `events_for(deadline)` makes; `deadline` is set when the
     server starts stopping."""
-    shutdown = anyio.Event()
+    deadline = _StreamDeadline()
     return EventSourceResponse(
-        events_for(shutdown),
+        events_for(deadline),
         sep="\n",  # matches OpenAI's own stream byte for byte (the default is "\r\n")
-        shutdown_event=shutdown,
+        shutdown_event=deadline,  # type: ignore[arg-type]  # sse-starlette only calls set()
         shutdown_grace_period=SHUTDOWN_GRACE_S,
     )
 
@@ -105,19 +125,19 @@ async def _guarded(
     stream: RequestStream,
     meta: StreamMeta,
     events: AsyncIterator[dict[str, str]],
-    shutdown: anyio.Event,
+    shutdown: _StreamDeadline,
 ) -> AsyncIterator[dict[str, str]]:
     """Abort on disconnect (the generator is cancelled or closed); report engine failure, and a
     stream cut by the server stopping, as a final error event, since the 200 status is already
     on the wire."""
-    cut_at = math.inf  # monotonic time at which a stopping server ends this stream
     try:
         while True:
-            if shutdown.is_set() and cut_at == math.inf:
-                cut_at = time.monotonic() + SHUTDOWN_GRACE_S - _FAREWELL_MARGIN_S
             event = None
-            with anyio.move_on_after(cut_at - time.monotonic()) as waited:
+            # No yield inside the scope: a cancel scope must not span a generator's suspension.
+            with anyio.CancelScope(deadline=shutdown.deadline) as waited:
+                shutdown.waiting = waited
                 event = await anext(events, None)
+            shutdown.waiting = None
             if waited.cancelled_caught:
                 logger.warning("server stopping: ending a stream before its answer is complete")
                 body = error_body(

@@ -315,17 +315,19 @@ def test_token_count_buckets_reach_long_contexts():
 
 
 def server_error_codes() -> set[str]:
-    """Codes of server/errors.py's constructors that answer 5xx or 429 (503 model_loading is
-    never counted: the app does not record it)."""
+    """Codes of server/errors.py's constructors that answer 5xx or 429 (503 model_loading and
+    server_shutdown are never counted: the app does not record them)."""
     made = [
         errors.queue_full(1),
         errors.not_ready(1),
+        errors.shutting_down(1),
         errors.engine_failed(),
         errors.internal_error(),
         errors.bad_request("x"),
         errors.model_not_found("x"),
     ]
-    return {e.code for e in made if (e.status >= 500 or e.status == 429) and e.code != "model_loading"}
+    quiet = ("model_loading", "server_shutdown")
+    return {e.code for e in made if (e.status >= 500 or e.status == 429) and e.code not in quiet}
 
 
 def test_server_failure_reasons_match_errors_alert_and_dashboard():

@@ -572,6 +572,21 @@ async def test_a_request_queued_as_the_engine_loop_dies_is_answered():
         client.shutdown()
 
 
+async def test_after_shutdown_requests_are_told_the_server_is_stopping():
+    _, client, http = await make_server(engine=FakeEngine())
+    await client.wait_ready()
+    client.shutdown()
+    try:
+        resp = await http.post("/v1/chat/completions", json=chat(max_tokens=2))
+        assert_error(resp, 503, code="server_shutdown")
+        assert resp.headers["retry-after"] == "1"  # another replica can take it
+        health = await http.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "stopped"
+        assert 'reason="server_shutdown"' not in (await http.get("/metrics")).text  # not a failure
+    finally:
+        await http.aclose()
+
+
 async def test_dead_engine_loop_fails_requests_and_health():
     engine = FakeEngine()
     engine.step_delay = 0.01

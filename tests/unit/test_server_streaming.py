@@ -170,3 +170,28 @@ async def test_a_stopping_server_lets_streams_finish_then_ends_the_rest_with_an_
     assert json.loads(endless_data[-2])["error"]["code"] == "server_shutdown"
     assert len(endless_data) > 30  # it went on streaming during the grace
     assert 1.0 < elapsed < SHUTDOWN_GRACE_S + 2
+
+
+async def test_a_stream_with_nothing_to_send_when_the_server_stops_still_ends_cleanly():
+    """A stream waiting for its next event (queued, a long prefill, a stalled engine) gets its
+    error event and [DONE] when the grace ends, though no event came to wake it."""
+    from sse_starlette.sse import AppStatus
+
+    engine = FakeEngine(max_model_len=100_000)
+    engine.step_delay = 0.01
+    async with live_server(engine) as (_, http):
+        try:
+            data = []
+            body = {"prompt": "p", "max_tokens": None, "temperature": 1.0, "stream": True}
+            async with http.stream("POST", "/v1/completions", json=body) as resp:
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: "):
+                        data.append(line[6:])
+                        if len(data) == 3:
+                            engine.paused = True  # no more tokens
+                            AppStatus.should_exit = True
+        finally:
+            AppStatus.should_exit = False
+            engine.paused = False
+    assert data[-1] == "[DONE]"
+    assert json.loads(data[-2])["error"]["code"] == "server_shutdown"
