@@ -105,9 +105,6 @@ class _StreamDeadline:
             if self.waiting is not None:
                 self.waiting.deadline = self.deadline
 
-    def is_set(self) -> bool:
-        return self.deadline != math.inf
-
 
 def event_source(events_for: Callable[[_StreamDeadline], AsyncIterator[dict[str, str]]]) -> EventSourceResponse:
     """The SSE response of the events `events_for(deadline)` makes; `deadline` is set when the
