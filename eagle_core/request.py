@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from eagle_core.batch import token_range
 from eagle_core.sampling_params import SamplingParams
@@ -50,9 +51,10 @@ class Request:
         """Tokens [start, stop) of prompt + output."""
         return token_range(self.prompt_token_ids, self.output_token_ids, start, stop)
 
-    @property
+    @cached_property
     def stop_token_ids(self) -> frozenset[int]:
-        """Tokens that end this request when sampled: EOS (unless ignore_eos) and stop_token_ids."""
+        """Tokens that end this request when sampled: EOS (unless ignore_eos) and stop_token_ids.
+        Read every step (scheduling and appending), and fixed once the request exists."""
         eos = frozenset() if self.params.ignore_eos else self.eos_token_ids
         return eos | frozenset(self.params.stop_token_ids)
 

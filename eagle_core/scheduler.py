@@ -113,7 +113,7 @@ class Scheduler:
             if not self._reserve(request, num_new):
                 preempted = True
                 continue
-            work.append(self._work(request, num_new, 0, skip_reason))
+            work.append(self._work(request, num_new, skip_reason))
             wanted_drafts.append((work[-1], num_draft))
             budget -= num_new + num_draft
         # Draft slots only once every running sequence holds the KV of its own next tokens:
@@ -140,7 +140,7 @@ class Scheduler:
             self.blocks.grow(request.block_table, request.num_computed_tokens + num_new)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            work.append(self._work(request, num_new, 0))
+            work.append(self._work(request, num_new))
             budget -= num_new
 
         if self.num_lookup_slots and budget > 0:
@@ -216,7 +216,8 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def _work(self, request: Request, num_new: int, num_draft: int, skip_reason: str | None = None) -> SeqWork:
+    def _work(self, request: Request, num_new: int, skip_reason: str | None = None) -> SeqWork:
+        """The step's work for `request`; draft slots are granted afterwards."""
         start = request.num_computed_tokens
         return SeqWork(
             request_id=request.request_id,
@@ -224,7 +225,7 @@ class Scheduler:
             start_pos=start,
             block_table=request.block_table,
             sample=start + num_new == request.num_tokens,
-            num_draft_slots=num_draft,
+            num_draft_slots=0,
             params=request.params,
             prompt_token_ids=request.prompt_token_ids,
             output_token_ids=request.output_token_ids,

@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from eagle_core.errors import InvalidRequestError
 from server.engine_client import EngineClient, EngineNotReady, EngineStepError, QueueFull
 from server.errors import (
+    NOT_FAILURES,
     APIError,
     bad_request,
     engine_failed,
@@ -85,7 +86,7 @@ def _add_error_handlers(app: FastAPI) -> Callable[[Request, Exception], Awaitabl
     settings: ServerSettings = app.state.settings
 
     def answer(request: Request, err: APIError) -> JSONResponse:
-        if err.status >= 400 and err.code not in ("model_loading", "server_shutdown"):
+        if err.status >= 400 and err.code not in NOT_FAILURES:
             app.state.metrics.record_failure(err.code or str(err.status))
         return error_response(err)
 

@@ -77,6 +77,10 @@ def not_ready(retry_after_s: int) -> APIError:
     )
 
 
+NOT_FAILURES = ("model_loading", "server_shutdown")
+"""Error codes that are not counted as failures: the server is starting or stopping on purpose."""
+
+
 def shutting_down(retry_after_s: int) -> APIError:
     # The server is stopping on purpose (another replica can take the request): not a failure.
     return APIError(

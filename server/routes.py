@@ -169,9 +169,8 @@ async def health(request: Request) -> Response:
     client = _client(request)
     if client.state == "ready":
         return JSONResponse({"status": "ok"})
-    status = client.state if client.state in ("loading", "stopped") else "failed"
     return JSONResponse(
-        {"status": status},
+        {"status": client.state},  # loading, failed or stopped
         status_code=503,
         headers={"Retry-After": str(_settings(request).retry_after_s)},
     )

@@ -326,8 +326,7 @@ def server_error_codes() -> set[str]:
         errors.bad_request("x"),
         errors.model_not_found("x"),
     ]
-    quiet = ("model_loading", "server_shutdown")
-    return {e.code for e in made if (e.status >= 500 or e.status == 429) and e.code not in quiet}
+    return {e.code for e in made if (e.status >= 500 or e.status == 429) and e.code not in errors.NOT_FAILURES}
 
 
 def test_server_failure_reasons_match_errors_alert_and_dashboard():
