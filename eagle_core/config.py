@@ -124,8 +124,7 @@ class SpecConfig:
     lookup_tokens: int | None = None
     """Most draft tokens copied from earlier in the sequence (context lookup, spec/lookup.py),
     verified with the tree on top of num_draft_tokens, from the step's leftover token budget;
-    0 disables it. Each request's chains are shorter while its earlier ones were rejected
-    (ContextLookup.observe)."""
+    0 disables it."""
     lookup_max_batch: int | None = None
     """Past max_batch, context lookup's chain is verified alone (no draft forward) while at most
     this many sequences run (0: any number); at or below max_batch, no lookup-only steps."""

@@ -58,27 +58,15 @@ class NgramIndex:
 
 
 class ContextLookup:
-    """Per-request n-gram indexes; proposes each speculating sequence's lookup chain.
-
-    A chain's length adapts per request to how much of its last chain the target accepted (as
-    transformers' assisted generation adapts its draft length): a fully accepted chain lets the
-    next one grow by two tokens, up to max_tokens; a rejected one shrinks the next to one token
-    past the accepted part. Where lookup keeps being wrong (sampled answers, which repeat
-    themselves far less) it costs one verify row per matched step instead of max_tokens, and a
-    quote being copied regrows the chain within a few steps."""
-
-    GROWTH = 2
+    """Per-request n-gram indexes; proposes each speculating sequence's lookup chain."""
 
     def __init__(self, max_tokens: int):
         self.max_tokens = max_tokens
         self.indexes: dict[str, NgramIndex] = {}
-        self.limits: dict[str, int] = {}
-        """request id -> tokens its next chain may have (max_tokens until its first observe)."""
 
     def drop(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
             self.indexes.pop(request_id, None)
-            self.limits.pop(request_id, None)
 
     def chain(self, request_id: str, prompt: list[int], output: list[int]) -> list[int]:
         """The lookup draft after prompt + output (the output ends at the root).
@@ -86,31 +74,20 @@ class ContextLookup:
         The index only ever grows with the token list, which a preemption keeps, so it stays
         valid for the request's whole life."""
         index = self.indexes.setdefault(request_id, NgramIndex())
-        return index.continuation(prompt, output, self.limits.get(request_id, self.max_tokens))
-
-    def observe(self, request_id: str, num_verified: int, num_accepted: int) -> None:
-        """The target checked `num_verified` tokens of the request's chain and accepted the
-        first `num_accepted` of them: size its next chain."""
-        if num_accepted >= num_verified:
-            limit = min(self.max_tokens, self.limits.get(request_id, self.max_tokens) + self.GROWTH)
-        else:
-            limit = num_accepted + 1
-        self.limits[request_id] = limit
+        return index.continuation(prompt, output, self.max_tokens)
 
 
 def graft_chain(
     token_ids: list[int], parents: list[int], chain: list[int], room: int
-) -> tuple[list[int], list[int], list[int]]:
-    """A tree's (token ids, parent indices) with `chain` added as a path from the root (node 0),
-    and the chain's node indices along that path.
+) -> tuple[list[int], list[int]]:
+    """A tree's (token ids, parent indices) with `chain` added as a path from the root (node 0).
 
     The chain follows existing nodes while their tokens agree, so a chain the head also drafted
     costs nothing; the rest becomes new nodes appended after the tree's (parents still precede
-    children), at most `room` of them, the path ending where room runs out. The inputs are not
-    modified."""
+    children), at most `room` of them. The inputs are not modified."""
     token_ids, parents = list(token_ids), list(parents)
     num_old = len(token_ids)
-    node, path = 0, []
+    node = 0
     for token in chain:
         child = next((c for c in range(1, len(token_ids)) if parents[c] == node and token_ids[c] == token), None)
         if child is None:
@@ -120,5 +97,4 @@ def graft_chain(
             parents.append(node)
             child = len(token_ids) - 1
         node = child
-        path.append(node)
-    return token_ids, parents, path
+    return token_ids, parents

@@ -50,7 +50,8 @@ class SpecRunner:
             head_works = [works[i] for i in head_rows]
             stacked = torch.stack([root_hidden[w.request_id] for w in head_works])  # [B, hidden]
             trees = dict(zip(head_rows, self.drafter.build_trees(head_works, stacked)))
-        chain_paths = self._graft_lookup(works, trees) if self.lookup.max_tokens else {}
+        if self.lookup.max_tokens:
+            self._graft_lookup(works, trees)
 
         seqs = [self._tree_input(w, trees[i]) if i in trees else work_input(w) for i, w in enumerate(works)]
         hidden, offsets, all_hidden = self.target.forward(seqs, output_hidden_states=self.layer_ids is not None)
@@ -69,17 +70,12 @@ class SpecRunner:
                 end = start + tree.num_nodes
                 results[works[i].request_id] = self._verify(works[i], tree, logits[start:end], argmax[start:end])
                 start = end
-        for i, path in chain_paths.items():
-            request_id = works[i].request_id
-            accepted = results[request_id].accepted_nodes
-            self.lookup.observe(request_id, len(path), _common_prefix(path, accepted))
         self._commit(works, trees, results, features, offsets)
         return StepResult(results)
 
-    def _graft_lookup(self, works: list[SeqWork], trees: dict[int, DraftTree]) -> dict[int, list[int]]:
+    def _graft_lookup(self, works: list[SeqWork], trees: dict[int, DraftTree]) -> None:
         """Graft each decode step's lookup chain onto its head tree in `trees`, or make it the
-        step's whole tree where the head drafts none (above --spec-max-batch). Returns, per row
-        with a chain, the chain's node path in its tree."""
+        step's whole tree where the head drafts none (above --spec-max-batch)."""
         grafts: dict[int, tuple[list[int], int]] = {}  # row -> (chain, free slots)
         for i, work in enumerate(works):
             room = work.num_draft_slots - (trees[i].num_nodes - 1 if i in trees else 0)
@@ -95,7 +91,6 @@ class SpecRunner:
         if on_head:
             host = torch.cat([torch.stack([trees[i].token_ids[0], trees[i].parents[0]]) for i in on_head], 1).tolist()
         start = 0
-        paths: dict[int, list[int]] = {}
         for i, (chain, room) in grafts.items():
             if i in trees:
                 end = start + trees[i].num_nodes
@@ -103,13 +98,12 @@ class SpecRunner:
                 start = end
             else:
                 tree_tokens, tree_parents = [works[i].token_ids[-1]], [-1]  # the root alone
-            token_ids, parents, paths[i] = graft_chain(tree_tokens, tree_parents, chain, room)
+            token_ids, parents = graft_chain(tree_tokens, tree_parents, chain, room)
             if len(token_ids) > len(tree_tokens):
                 trees[i] = DraftTree.from_parents(
                     torch.tensor([token_ids], device=self.drafter.device),  # [1, N]
                     torch.tensor([parents], device=self.drafter.device),  # [1, N]
                 )
-        return paths
 
     def _tree_input(self, work: SeqWork, tree: DraftTree) -> SeqInput:
         # The tree's nodes past the root are written into the KV slots the scheduler reserved.
@@ -189,10 +183,6 @@ class SpecRunner:
         if src:
             device = features.device
             self.target.kv.move(torch.tensor(src, device=device), torch.tensor(dst, device=device))
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def accepted_path_moves(

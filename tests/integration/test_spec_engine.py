@@ -284,7 +284,7 @@ def test_context_lookup_drafts_a_looping_target_and_stays_exact(bigram, tmp_path
     head_trees = []  # sequences the head drafted a tree for, per step
     build_trees = Drafter.build_trees
     monkeypatch.setattr(Drafter, "build_trees", lambda self, works, h: head_trees.append(len(works)) or build_trees(self, works, h))
-    taus, nodes_per_tree = {}, {}
+    taus = {}
     for lookup, max_batch in ((0, 0), (6, 0), (6, 1)):
         head_trees.clear()
         spec = SpecConfig(lookup_tokens=lookup, lookup_max_batch=0)  # lookup alone at any batch size
@@ -293,18 +293,15 @@ def test_context_lookup_drafts_a_looping_target_and_stays_exact(bigram, tmp_path
         taus[lookup, max_batch] = _tau(engine)
         stats = engine.stats
         engine.step()  # hands the worker the last finished request ids
-        context_lookup = engine.worker.runner.lookup
-        assert context_lookup.indexes == {} and context_lookup.limits == {}  # finished requests' state dropped
+        assert engine.worker.runner.lookup.indexes == {}  # finished requests' indexes dropped
         if max_batch == 0:  # every decode step has a head tree, lookup nodes on top of its 7
             assert stats["spec_num_drafts"] == sum(head_trees)
-            nodes_per_tree[lookup] = stats["spec_num_draft_tokens"] / stats["spec_num_drafts"]
+            assert (stats["spec_num_draft_tokens"] > 7 * stats["spec_num_drafts"]) == bool(lookup)
         else:  # the head drafts only once one sequence is left; before, lookup-only trees
             assert stats["spec_num_drafts"] > 1.5 * sum(head_trees)  # measured 60 against 20
             assert stats["spec_fallbacks"]["batch_size"] > 0  # steps where no chain matched
     # measured 1.00, 2.20 and 4.13 (without a head tree, a step without a chain is no draft)
     assert taus[0, 0] < 1.2 and taus[6, 0] > 1.8 and taus[6, 1] > 1.8, taus
-    # draft nodes per tree, measured 6.73 and 7.61 (trees shrink near max_tokens)
-    assert nodes_per_tree[0] <= 7 < nodes_per_tree[6], nodes_per_tree
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -320,37 +317,20 @@ def test_lookup_chains_grafted_onto_the_tree_decode_exactly(tiny_model_dirs, tmp
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     plain = run_staggered(make_engine(model_dir), prompts, params)
 
-    proposed = {}  # request id -> (output length, index of the wrong token) of its latest chain
-    observed = []
-
     def oracle_chain(self, request_id, prompt, output):
         done = len(output)
         chain = list(plain[request_id][done : done + self.max_tokens])
         wrong_at = done % 4
         if wrong_at < len(chain):
             chain[wrong_at] = (chain[wrong_at] + 1) % TINY_VOCAB_SIZE
-        proposed[request_id] = (done, wrong_at)
         return chain
 
-    observe = ContextLookup.observe
-
-    def record_observe(self, request_id, num_verified, num_accepted):
-        observed.append((*proposed[request_id], num_verified, num_accepted))
-        observe(self, request_id, num_verified, num_accepted)
-
     monkeypatch.setattr(ContextLookup, "chain", oracle_chain)
-    monkeypatch.setattr(ContextLookup, "observe", record_observe)
     spec = SpecConfig(lookup_tokens=5, lookup_max_batch=0)
     engine = make_engine(model_dir, draft=str(head), spec=spec, spec_max_batch=spec_max_batch)
     assert run_staggered(engine, prompts, params) == plain
     assert _tau(engine) > 2.0  # the cut chains alone would give ~2.5
     assert max(i for i, n in enumerate(engine.stats["spec_accepted_per_position"]) if n) == 2  # depth 3
-    # The runner reports how much of each verified chain the target took: all of it up to the
-    # wrong token (unless max_tokens cut the step short).
-    assert len(observed) > 30  # 45 with spec_max_batch 0
-    for done, wrong_at, num_verified, num_accepted in observed:
-        if done + num_verified < params.max_tokens:
-            assert num_accepted == min(wrong_at, num_verified), (done, wrong_at, num_verified)
 
 
 def test_sampling_with_context_lookup_matches_the_target_distribution(bigram, tmp_path):
