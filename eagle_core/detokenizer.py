@@ -41,37 +41,48 @@ class IncrementalDetokenizer:
         self._ids.extend(token_ids)
         before = self._decode(self._ids[self._prefix : self._read])
         after = self._decode(self._ids[self._prefix :])
-        if len(after) <= len(before) or after.endswith("\ufffd"):
-            return False  # incomplete character: wait for more tokens
+        if len(after) <= len(before):
+            return False
         old_len = len(self.text)
-        self.text += after[len(before) :]
+        new_text = after[len(before) :]
+        if new_text.endswith("\ufffd"):
+            # Incomplete character: wait for more tokens, unless a stop string already ends in
+            # the whole characters before it. A token can carry the stop string's last
+            # character and the first bytes of the next one; the stop belongs to this token,
+            # not to whichever later token completes the character.
+            whole = new_text.rstrip("\ufffd")
+            if not (find_stop and self._find_stop(self.text + whole, old_len) is not None):
+                return False
+            new_text = whole
+        self.text += new_text
         self._prefix, self._read = self._read, len(self._ids)
         return find_stop and self._cut_at_stop(old_len)
 
     def _flush(self) -> None:
         """At the end, add the text of tokens still held back for an incomplete character,
         minus that character. A speculative step can end the request several tokens after the
-        last complete character; without this their text would be lost."""
+        last complete character; without this their text would be lost. No stop string is
+        searched for: `add` already searched these characters (or was told not to)."""
         if self._read == len(self._ids):
             return
         before = self._decode(self._ids[self._prefix : self._read])
         after = self._decode(self._ids[self._prefix :]).rstrip("\ufffd")
-        old_len = len(self.text)
         if len(after) > len(before):
             self.text += after[len(before) :]
         self._prefix = self._read = len(self._ids)
-        self._cut_at_stop(old_len)
+
+    def _find_stop(self, text: str, old_len: int) -> int | None:
+        """Where the first stop string ending past text[:old_len] starts, if any. Only a stop
+        string that ends in the new text is new (one wholly in text added with find_stop=False,
+        before min_tokens, is never searched for again)."""
+        found = (text.find(s, max(0, old_len - len(s) + 1)) for s in self.stop)
+        return min((i for i in found if i >= 0), default=None)
 
     def _cut_at_stop(self, old_len: int) -> bool:
-        if not self.stop:
+        cut = self._find_stop(self.text, old_len)
+        if cut is None:
             return False
-        # Only a stop string that ends in the new text is new (one wholly in text added with
-        # find_stop=False, before min_tokens, is never searched for again).
-        found = (self.text.find(s, max(0, old_len - len(s) + 1)) for s in self.stop)
-        hits = [i for i in found if i >= 0]
-        if not hits:
-            return False
-        self.text = self.text[: min(hits)]
+        self.text = self.text[:cut]
         return True
 
     def release(self, finished: bool) -> str:

@@ -53,3 +53,49 @@ def test_a_stop_string_before_min_tokens_is_not_found_later():
     assert not d.add(ids("c"))
     assert d.add(ids("b"))  # a new "b" is found
     assert d.text == "abc"
+
+
+class PieceTokenizer:
+    """Token i is pieces[i], a byte string that may end inside a character, as a byte-level
+    BPE token can."""
+
+    def __init__(self, pieces: list[bytes]):
+        self.pieces = pieces
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return b"".join(self.pieces[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def test_a_stop_string_is_found_in_the_token_that_ends_it_when_a_character_starts_there():
+    """The token carrying a stop string's last character plus the first byte of the next
+    character ends the request, not the token that completes that character (after which
+    the request might already have ended by length, keeping its tokens past the stop)."""
+    e_acute = "é".encode()
+    tokenizer = PieceTokenizer([b"xxa", b"b" + e_acute[:1], e_acute[1:] + b"c"])
+    d = IncrementalDetokenizer(tokenizer, [], ("ab",), True)
+    assert not d.add([0])
+    assert d.add([1])
+    assert d.text == "xx"
+    assert d.release(finished=True) == "xx"
+
+
+def test_a_partial_character_without_a_stop_string_still_waits():
+    e_acute = "é".encode()
+    tokenizer = PieceTokenizer([b"xxa", b"b" + e_acute[:1], e_acute[1:] + b"c"])
+    d = IncrementalDetokenizer(tokenizer, [], ("zz",), True)
+    assert not d.add([0])
+    assert not d.add([1])
+    assert d.text == "xxa"
+    assert not d.add([2])
+    assert d.text == "xxabéc"
+
+
+def test_a_stop_string_before_min_tokens_is_not_cut_when_the_request_ends_in_a_character():
+    """Text whose stop string was not to be searched (before min_tokens) stays whole when the
+    request ends on a partial character and the held-back text is flushed."""
+    e_acute = "é".encode()
+    tokenizer = PieceTokenizer([b"xxa", b"b" + e_acute[:1], e_acute[1:] + b"c"])
+    d = IncrementalDetokenizer(tokenizer, [], ("ab",), True)
+    assert not d.add([0], find_stop=False)
+    assert not d.add([1], find_stop=False)
+    assert d.release(finished=True) == "xxab"
