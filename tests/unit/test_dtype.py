@@ -65,3 +65,19 @@ def test_cuda_without_cuda_is_a_load_error():
 def test_bogus_device_is_a_load_error():
     with pytest.raises(ModelLoadError, match="unknown device 'gpu7'"):
         resolve_device("gpu7")
+
+
+@pytest.mark.parametrize(
+    "native_bf16, dtype, device, warns",
+    [
+        (False, torch.bfloat16, CPU, True),
+        (True, torch.bfloat16, CPU, False),
+        (False, torch.float32, CPU, False),
+        (False, torch.bfloat16, torch.device("cuda"), False),
+    ],
+)
+def test_bf16_on_a_cpu_without_it_warns(monkeypatch, caplog, native_bf16, dtype, device, warns):
+    monkeypatch.setattr(loader, "cpu_has_native_bf16", lambda: native_bf16)
+    with caplog.at_level("WARNING", logger=loader.logger.name):
+        loader._warn_on_emulated_bf16(dtype, device)
+    assert ("without native bf16" in caplog.text) == warns
