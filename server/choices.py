@@ -7,6 +7,7 @@ engine request `p * n + i`, and usage counts each prompt once (as OpenAI does fo
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,11 +24,24 @@ from server.protocol import (
 
 
 class TokenTexts:
-    """Token id -> its text for logprobs, cached (a vocabulary is at most ~10^5 entries)."""
+    """Token id -> its text and its bytes for logprobs, cached (a vocabulary is at most ~10^5
+    entries).
 
-    def __init__(self, decode: Callable[[list[int]], str]):
+    A token can hold part of a character (an emoji is 4 bytes, often two tokens). Its decoded
+    text then ends in U+FFFD, and OpenAI's `bytes` field exists for exactly this case: joined
+    over the tokens, the bytes must give the text's UTF-8. So the bytes come from the token's
+    vocabulary entry where the tokenizer's decoder is known to map it to bytes (`raw_bytes`),
+    else from the decoded text."""
+
+    def __init__(self, decode: Callable[[list[int]], str], raw_bytes: Callable[[int], bytes | None] | None = None):
         self._decode = decode
+        self._raw_bytes = raw_bytes
         self._cache: dict[int, str] = {}
+        self._bytes_cache: dict[int, list[int]] = {}
+
+    @classmethod
+    def of(cls, tokenizer) -> TokenTexts:
+        return cls(tokenizer.decode, _raw_bytes_reader(tokenizer))
 
     def __call__(self, token_id: int) -> str:
         text = self._cache.get(token_id)
@@ -35,6 +49,56 @@ class TokenTexts:
             text = self._decode([token_id])
             self._cache[token_id] = text
         return text
+
+    def bytes(self, token_id: int) -> list[int]:
+        cached = self._bytes_cache.get(token_id)
+        if cached is None:
+            raw = self._raw_bytes(token_id) if self._raw_bytes else None
+            cached = list(raw if raw is not None else self(token_id).encode("utf-8"))
+            self._bytes_cache[token_id] = cached
+        return cached
+
+
+def _raw_bytes_reader(tokenizer) -> Callable[[int], bytes | None] | None:
+    """Token id -> the bytes its vocabulary entry stands for, for the two decoders that map
+    entries to bytes: byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM2: each byte is one printable
+    character) and SentencePiece with byte fallback (Llama 2, Mistral: "<0xE2>" entries and "▁"
+    for a space). None for other tokenizers, and for added tokens (special tokens), whose text
+    is their bytes."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.decoder is None:
+        return None
+    decoder = json.loads(backend.decoder.__getstate__())
+    kinds = {d.get("type") for d in decoder.get("decoders", [decoder])}
+    added = set(tokenizer.get_added_vocab().values())
+
+    if "ByteLevel" in kinds:
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        byte_of = {char: byte for byte, char in bytes_to_unicode().items()}
+
+        def entry_bytes(piece: str) -> bytes | None:
+            if any(c not in byte_of for c in piece):
+                return None
+            return bytes(byte_of[c] for c in piece)
+
+    elif "ByteFallback" in kinds:
+
+        def entry_bytes(piece: str) -> bytes | None:
+            if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                return bytes([int(piece[3:5], 16)])
+            return piece.replace("\u2581", " ").encode("utf-8")
+
+    else:
+        return None
+
+    def raw_bytes(token_id: int) -> bytes | None:
+        if token_id in added:
+            return None
+        piece = tokenizer.convert_ids_to_tokens(token_id)
+        return entry_bytes(piece) if isinstance(piece, str) else None
+
+    return raw_bytes
 
 
 @dataclass
@@ -77,8 +141,7 @@ def usage_of(states: list[ChoiceState], n: int) -> Usage:
 
 
 def _top(token_texts: TokenTexts, token_id: int, logprob: float) -> TopLogprob:
-    text = token_texts(token_id)
-    return TopLogprob(token=text, logprob=logprob, bytes=list(text.encode("utf-8")))
+    return TopLogprob(token=token_texts(token_id), logprob=logprob, bytes=token_texts.bytes(token_id))
 
 
 def chat_logprobs(items: list[TokenLogprob], token_texts: TokenTexts) -> ChatLogprobs:

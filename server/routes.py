@@ -106,8 +106,7 @@ def _token_texts(request: Request) -> TokenTexts:
     # One cache per app: token texts never change while the process lives.
     state = request.app.state
     if getattr(state, "token_texts", None) is None:
-        tokenizer = _client(request).tokenizer
-        state.token_texts = TokenTexts(lambda ids: tokenizer.decode(ids))
+        state.token_texts = TokenTexts.of(_client(request).tokenizer)
     return state.token_texts
 
 

@@ -1,0 +1,60 @@
+"""Logprob `bytes`: joined over a text's tokens they give its UTF-8, even where a token holds
+only part of a character (its decoded text is then U+FFFD)."""
+
+from __future__ import annotations
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from server.choices import TokenTexts
+from tests.models import IM_END, make_tiny_tokenizer
+
+TEXT = "héllo 😀 世界, ça va"
+
+
+def test_byte_level_bpe_bytes_rebuild_the_text():
+    tokenizer = make_tiny_tokenizer()
+    ids = tokenizer(TEXT).input_ids
+    texts = TokenTexts.of(tokenizer)
+    assert any("\ufffd" in texts(i) for i in ids)  # the case this is for: split characters
+    assert b"".join(bytes(texts.bytes(i)) for i in ids) == TEXT.encode()
+
+
+def test_byte_level_special_tokens_keep_their_text():
+    tokenizer = make_tiny_tokenizer()
+    im_end = tokenizer.convert_tokens_to_ids(IM_END)
+    assert bytes(TokenTexts.of(tokenizer).bytes(im_end)) == IM_END.encode()
+
+
+def byte_fallback_tokenizer() -> PreTrainedTokenizerFast:
+    """SentencePiece-style: "▁" marks a space, characters outside the vocabulary fall back to
+    "<0xNN>" byte entries, as in Llama 2 and Mistral."""
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}}
+    for piece in ("▁", "h", "e", "l", "o", "▁h", "▁he", "▁hel", "▁hell", "▁hello", "a", "c", "v"):
+        vocab[piece] = len(vocab)
+    merges = [("▁", "h"), ("▁h", "e"), ("▁he", "l"), ("▁hel", "l"), ("▁hell", "o")]
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
+
+
+def test_byte_fallback_bytes_rebuild_the_text():
+    tokenizer = byte_fallback_tokenizer()
+    text = "hello ça va 😀"
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    texts = TokenTexts.of(tokenizer)
+    assert texts.bytes(tokenizer.convert_tokens_to_ids("<0xC3>")) == [0xC3]
+    # The first token's "▁" is the space SentencePiece adds in front of the text.
+    assert b"".join(bytes(texts.bytes(i)) for i in ids) == b" " + text.encode()
+
+
+def test_other_tokenizers_take_the_bytes_of_the_decoded_text():
+    class CharTokenizer:  # no backend tokenizer: one token per code point
+        def decode(self, ids: list[int]) -> str:
+            return "".join(chr(i) for i in ids)
+
+    texts = TokenTexts.of(CharTokenizer())
+    assert texts.bytes(ord("é")) == list("é".encode())
