@@ -61,6 +61,13 @@ class SeqWork:
     hold slots for context lookup's tokens."""
 
     @property
+    def is_decode(self) -> bool:
+        """Computes only the last sampled token's KV: a decode step. A prompt's last token,
+        even alone (a 1-token prompt, a chunked prompt's last chunk), is prefill: it gives
+        the first output token, and prefill steps never draft."""
+        return self.sample and len(self.token_ids) == 1 and self.start_pos >= len(self.prompt_token_ids)
+
+    @property
     def holds_back_stop_tokens(self) -> bool:
         """min_tokens is not reached yet, so this step's samples cannot be stop tokens."""
         return len(self.output_token_ids) < self.params.min_tokens

@@ -46,7 +46,7 @@ class SpecCounters:
     def count(self, batch: ScheduledBatch, result) -> None:
         for work in batch.seqs:
             seq_result = result.results.get(work.request_id)
-            if seq_result is None or len(work.token_ids) != 1:
+            if seq_result is None or not work.is_decode:
                 continue  # prefill steps never draft
             if seq_result.num_draft_tokens == 0:
                 reason = work.draft_skip_reason or "no_draft"  # no_draft: a tree found no candidate
@@ -140,7 +140,7 @@ class Engine:
                 request.first_scheduled_time = now
         result = self.worker.execute(batch)
         self.num_steps += 1
-        decode_ids = {w.request_id for w in batch.seqs if w.sample and len(w.token_ids) == 1}
+        decode_ids = {w.request_id for w in batch.seqs if w.is_decode}
         if self.spec_enabled:
             self.spec_counters.count(batch, result)
         for request, appended in self.scheduler.update(batch, result):

@@ -155,7 +155,7 @@ class Scheduler:
         for w in work:
             if budget < 1:
                 return
-            if not w.sample or len(w.token_ids) != 1 or w.draft_skip_reason not in allowed:
+            if not w.is_decode or w.draft_skip_reason not in allowed:
                 continue  # prefill chunks, and steps with no room or budget for any draft
             request = self.requests[w.request_id]
             room = _draft_room(request) - w.num_draft_slots
@@ -178,7 +178,9 @@ class Scheduler:
         """(tokens to compute, draft slots, why a decode step gets no draft slots) for this
         request within `budget` tokens."""
         remaining = request.num_tokens - request.num_computed_tokens
-        if remaining > 1:  # prefilling (a new prompt or a recompute after preemption)
+        if remaining > 1 or not request.output_token_ids:
+            # Prefilling: a new prompt (its last token too, see SeqWork.is_decode) or a
+            # recompute after preemption.
             return min(remaining, budget), 0, None
         if budget < 1:
             return 0, 0, None

@@ -353,3 +353,20 @@ def test_sampling_with_context_lookup_matches_the_target_distribution(bigram, tm
     stats = engine.stats
     assert stats["spec_num_draft_tokens"] > stats["spec_num_accepted_tokens"] > 0.2 * num_samples
     assert _chi_square_pvalue(counts, exact, num_samples) > 1e-3
+
+
+@pytest.mark.parametrize("prompt_len", [1, 2, 5])
+def test_a_prompts_last_token_is_prefill_not_a_speculative_step(bigram, prompt_len):
+    """The first token comes from prefill, even when the prompt's last token is computed alone
+    (a 1-token prompt): spec_decode's steps and emitted tokens count only the tokens after it."""
+    target, oracle = bigram
+    engine = make_engine(target, draft=str(oracle), spec=SpecConfig(num_draft_tokens=5, depth=4, top_k=1))
+    prompt = random_prompts(prompt_len, [prompt_len], TINY_VOCAB_SIZE)[0]
+    for max_tokens in (1, 9):
+        engine.add_request(f"{max_tokens}", prompt, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+        while engine.has_unfinished():
+            for out in engine.step():
+                if out.finished:
+                    assert out.num_output_tokens == max_tokens
+                    assert out.spec.num_emitted_tokens == max_tokens - 1, out.spec
+                    assert (out.spec.num_steps == 0) == (max_tokens == 1), out.spec
