@@ -169,8 +169,9 @@ def _filter_keep_mask(
     sorted_logits, sorted_ids = scaled.sort(dim=1, descending=True, stable=True)  # [n, vocab]
     rank = torch.arange(vocab_size, device=device).unsqueeze(0)  # [1, vocab]
 
+    # min(): a top_k past the vocabulary keeps everything (and may not fit in an int64).
     top_k = torch.tensor(
-        [p.top_k if p.top_k > 0 else vocab_size for p in params], device=device
+        [min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in params], device=device
     )  # [n]
     keep = rank < top_k.unsqueeze(1)  # [n, vocab]
 

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from eagle_core.errors import InvalidRequestError
+
+GREEDY_BELOW = 1e-5
+"""Temperatures below this decode greedily, as in vLLM: logits divided by a temperature near
+fp32's smallest numbers overflow to inf and the probabilities to NaN (1e-38 did), and at
+1e-5 a token whose logit trails the top one by 1e-3 already has a probability of e^-100."""
+MIN_REPETITION_PENALTY = 1e-6
+"""Positive logits are divided by the penalty: a penalty near 0 (1e-300 is 0 in fp32)
+overflows them as a tiny temperature would."""
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request samples and when it stops.
 
-    temperature == 0 means greedy (argmax); the other sampling filters are then ignored.
+    temperature below GREEDY_BELOW (0 included) means greedy (argmax); the other sampling
+    filters are then ignored.
     max_tokens None means "until the context is full". top_k <= 0 disables top-k.
     min_tokens: until that many tokens are out, EOS and stop_token_ids cannot be sampled (their
     probability is zero, draft verification included) and stop strings are not searched for.
@@ -59,8 +69,12 @@ class SamplingParams:
             bad("presence_penalty", f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         if not -2.0 <= self.frequency_penalty <= 2.0:
             bad("frequency_penalty", f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
-        if self.repetition_penalty <= 0.0:
-            bad("repetition_penalty", f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty < math.inf:  # NaN fails too
+            bad(
+                "repetition_penalty",
+                f"repetition_penalty must be a finite number of at least {MIN_REPETITION_PENALTY:g} "
+                f"(1 = off), got {self.repetition_penalty}",
+            )
         if self.max_tokens is not None and self.max_tokens < 1:
             bad("max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}")
         if self.min_tokens < 0:
@@ -78,7 +92,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
     @property
     def needs_penalties(self) -> bool:

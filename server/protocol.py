@@ -122,6 +122,9 @@ class _SamplingRequest(_Request):
             raise InvalidRequestError("functions (function calling) are not supported by this server", "functions")
         if self.logit_bias:
             raise InvalidRequestError("logit_bias is not supported by this server", "logit_bias")
+        if self.stream_options is not None and not self.stream:
+            # As OpenAI: usage asked for a stream that is not one would silently go missing.
+            raise InvalidRequestError("stream_options is only allowed when stream is true", "stream_options")
 
     def sampling_params(self, index: int = 0) -> SamplingParams:
         """SamplingParams for choice `index`: choice i of a seeded request uses seed + i,

@@ -67,6 +67,17 @@ def test_greedy_is_one_hot_argmax_with_lowest_index_on_ties():
     assert torch.equal(probs, torch.tensor([[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]))
 
 
+@pytest.mark.parametrize("temperature", [1e-38, 5e-324, 9e-6])
+def test_temperatures_too_small_to_divide_by_are_greedy(temperature):
+    """Logits divided by 1e-38 overflow fp32 (NaN probabilities, token 0 picked): such
+    temperatures decode greedily instead."""
+    logits = torch.tensor([[0.1, 3.0, -1.0, 2.5]])
+    params = SamplingParams(temperature=temperature)
+    assert params.greedy
+    assert torch.equal(processed_probs(logits, [params]), torch.tensor([[0.0, 1.0, 0.0, 0.0]]))
+    assert not SamplingParams(temperature=1e-5).greedy
+
+
 def test_sample_greedy_rows_take_argmax_and_leave_generator_untouched():
     probs = torch.tensor([[0.1, 0.7, 0.2], [0.3, 0.3, 0.4]])
     generator = make_generator(5, "cpu")
@@ -114,8 +125,10 @@ def test_top_k_keeps_exactly_the_top_k():
     assert counts[1] > 0 and counts[3] > 0
 
 
-@pytest.mark.parametrize("top_k", [0, -1])
+@pytest.mark.parametrize("top_k", [0, -1, 5, 2**63, 10**30])
 def test_top_k_disabled(top_k):
+    """0 and -1 turn top-k off; so does any top_k of at least the vocabulary's size, however
+    large (2**63 does not fit in an int64 tensor)."""
     logits = logits_of([0.1, 0.35, 0.05, 0.3, 0.2])
     probs = processed_probs(logits, [SamplingParams(top_k=top_k)])
     torch.testing.assert_close(probs, torch.softmax(logits, dim=1))
@@ -281,6 +294,13 @@ def test_min_tokens_holds_back_stop_tokens_only_in_rows_short_of_it():
     assert logits.eq(0).all()  # the caller's tensor is not modified
     probs = processed_probs(out, [SamplingParams(temperature=0.0, min_tokens=2)] * 3)
     assert probs[0, 1] == 0 and probs[0, 4] == 0
+
+
+@pytest.mark.parametrize("penalty", [0.0, -1.0, math.nan, math.inf, 1e-300, 1e-7])
+def test_repetition_penalty_must_be_finite_and_not_near_zero(penalty):
+    with pytest.raises(InvalidRequestError, match="repetition_penalty") as err:
+        SamplingParams(repetition_penalty=penalty)
+    assert err.value.param == "repetition_penalty"
 
 
 def test_min_tokens_is_checked_against_max_tokens():

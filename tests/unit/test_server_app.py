@@ -347,6 +347,7 @@ async def test_health_reports_load_failure():
         (chat(logit_bias={"5": 10}), "logit_bias"),
         (chat(n=17), "n"),  # more choices than --max-waiting (16 here): never servable
         (chat(stop=["a"] * 17), "stop"),
+        (chat(stream_options={"include_usage": True}), "stream_options"),
         (chat(temperature="hot"), "temperature"),
         ({"model": "fake-model"}, "messages"),
         ({"messages": []}, "messages"),
@@ -363,6 +364,16 @@ async def test_chat_400_names_the_parameter(server, body, param):
     assert (await http.post("/v1/chat/completions", json=chat(max_tokens=2))).status_code == 200
 
 
+@pytest.mark.parametrize("value", ["NaN", "Infinity"])
+async def test_non_finite_json_numbers_are_400s(server, value):
+    """Python's json module (FastAPI's parser) reads NaN and Infinity; a range check written
+    as `x <= 0` lets NaN through."""
+    _, _, http = server
+    body = '{"messages": [{"role": "user", "content": "Hi"}], "repetition_penalty": ' + value + "}"
+    resp = await http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert_error(resp, 400, param="repetition_penalty")
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -371,6 +382,8 @@ async def test_chat_400_names_the_parameter(server, body, param):
         ({"prompt": "x", "logprobs": 21}, "logprobs"),
         ({"prompt": []}, "prompt"),
         ({"prompt": "x", "frequency_penalty": 3}, "frequency_penalty"),
+        ({"prompt": "x", "repetition_penalty": 1e-300}, "repetition_penalty"),
+        ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
     ],
 )
 async def test_completion_400_names_the_parameter(server, body, param):
