@@ -156,14 +156,18 @@ def chat_logprobs(items: list[TokenLogprob], token_texts: TokenTexts) -> ChatLog
 def completion_logprobs(
     items: list[TokenLogprob], token_texts: TokenTexts, start_offset: int = 0
 ) -> CompletionLogprobs:
-    """OpenAI's legacy shape; text_offset counts characters from the start of the completion."""
+    """OpenAI's legacy shape: top_logprobs holds the `logprobs` most likely tokens plus the
+    sampled one (up to logprobs + 1 entries); text_offset counts characters from the start of
+    the completion."""
     out = CompletionLogprobs()
     offset = start_offset
     for item in items:
         text = token_texts(item.token_id)
         out.tokens.append(text)
         out.token_logprobs.append(item.logprob)
-        out.top_logprobs.append({token_texts(tid): lp for tid, lp in item.top})
+        top = {token_texts(tid): lp for tid, lp in item.top}
+        top.setdefault(text, item.logprob)  # OpenAI: the sampled token is always among them
+        out.top_logprobs.append(top)
         out.text_offset.append(offset)
         offset += len(text)
     return out

@@ -1,12 +1,14 @@
-"""Logprob `bytes`: joined over a text's tokens they give its UTF-8, even where a token holds
-only part of a character (its decoded text is then U+FFFD)."""
+"""Logprobs in OpenAI's shapes: `bytes` joined over a text's tokens give its UTF-8, even where a
+token holds only part of a character (its decoded text is then U+FFFD); completions'
+top_logprobs always hold the sampled token."""
 
 from __future__ import annotations
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from server.choices import TokenTexts
+from eagle_core.batch import TokenLogprob
+from server.choices import TokenTexts, completion_logprobs
 from tests.models import IM_END, make_tiny_tokenizer
 
 TEXT = "héllo 😀 世界, ça va"
@@ -58,3 +60,15 @@ def test_other_tokenizers_take_the_bytes_of_the_decoded_text():
 
     texts = TokenTexts.of(CharTokenizer())
     assert texts.bytes(ord("é")) == list("é".encode())
+
+
+def test_completion_top_logprobs_hold_the_sampled_token():
+    texts = TokenTexts(lambda ids: "".join(chr(i) for i in ids))
+    items = [
+        TokenLogprob(ord("b"), -2.0, [(ord("a"), -0.5)]),  # sampled below the top 1
+        TokenLogprob(ord("a"), -0.5, [(ord("a"), -0.5)]),  # sampled = top 1
+        TokenLogprob(ord("c"), -1.0, []),  # logprobs 0
+    ]
+    out = completion_logprobs(items, texts)
+    assert out.top_logprobs == [{"a": -0.5, "b": -2.0}, {"a": -0.5}, {"c": -1.0}]
+    assert out.tokens == ["b", "a", "c"] and out.token_logprobs == [-2.0, -0.5, -1.0]
