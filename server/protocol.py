@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from eagle_core.errors import InvalidRequestError
@@ -56,6 +56,20 @@ class ChatMessage(_Request):
     # "developer" is OpenAI's newer name for "system"; templates only know "system".
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content: Any) -> Any:
+        # Checked before the union: a part it rejects fails against `str` first, and the client
+        # would read "Input should be a valid string" for an image.
+        if isinstance(content, list):
+            for part in content:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                if kind != "text":
+                    raise ValueError(f"only text content parts are supported, not {kind!r}")
+                if not isinstance(part.get("text"), str):
+                    raise ValueError("a text content part needs a string 'text'")
+        return content
 
     def text(self) -> str:
         if self.content is None:

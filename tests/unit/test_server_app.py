@@ -364,6 +364,23 @@ async def test_chat_400_names_the_parameter(server, body, param):
     assert (await http.post("/v1/chat/completions", json=chat(max_tokens=2))).status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("part", "says"),
+    [
+        ({"type": "image_url", "image_url": {"url": "http://x/y.png"}}, "not 'image_url'"),
+        ({"type": "text"}, "needs a string 'text'"),
+        ("hello", "not 'str'"),
+    ],
+)
+async def test_content_parts_other_than_text_are_named(server, part, says):
+    _, _, http = server
+    body = chat(messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}, part]}])
+    err = assert_error(await http.post("/v1/chat/completions", json=body), 400, param="messages.0.content")
+    assert says in err["message"]
+    ok = chat(messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}], max_tokens=2)
+    assert (await http.post("/v1/chat/completions", json=ok)).status_code == 200
+
+
 @pytest.mark.parametrize("value", ["NaN", "Infinity"])
 async def test_non_finite_json_numbers_are_400s(server, value):
     """Python's json module (FastAPI's parser) reads NaN and Infinity; a range check written
