@@ -86,9 +86,10 @@ max_batch is not timed on such hardware, so lookup_max_batch = max_batch keeps i
 NARROW_SPEC = SpecDefaults(num_draft_tokens=3, depth=2, top_k=2, max_batch=1, lookup_tokens=8, lookup_max_batch=4)
 """For CPUs computing in fp32 (no native bf16, or asked for): there the target's forward grows
 steeply with the rows it verifies (SmolLM2, in the engine: 42 ms for 1 row, 48 for 3, 70-77 for
-9-11; bench/results/lookup-chain-length-2026-12-01-vm-fp32.md) and each draft forward costs ~3 ms. Measured on a 2-core Xeon VM without
-AVX512-BF16/AMX, fp32, T=0. Trees at batch 1 on MT-bench questions 11-30 (python -m
-bench.tree_sizes --dtype float32, bench/results/tree-sizes-2026-12-01-vm-fp32-q11-30.json):
+9-11; bench/results/lookup-chain-length-2026-12-01-vm-fp32.md) and each draft forward costs
+~3 ms. Measured on a 2-core Xeon VM without AVX512-BF16/AMX, fp32, T=0. Trees at batch 1 on
+MT-bench questions 11-30 (python -m bench.tree_sizes --dtype float32,
+bench/results/tree-sizes-2026-12-01-vm-fp32-q11-30.json):
 3/2/2 1.22x (tau 1.63), 3/2/1 1.21x, 3/1/2 1.24x, 2/1/1 1.24x (tau 1.41), 4/2/2 1.01x, 8/3/3
 1.01x (tau 1.94); 3/2/2 keeps the most tau of the narrow trees, so a stronger head gains most
 from it. With 8 lookup tokens
