@@ -16,7 +16,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def machine_info(name: str | None) -> dict:
-    from eagle_core.worker.loader import cpu_has_native_bf16
+    from eagle_core.worker.loader import cpu_has_amx_bf16, cpu_has_native_bf16
 
     info = {
         "name": machine_name(name),
@@ -28,6 +28,8 @@ def machine_info(name: str | None) -> dict:
         # VMs of one kind differ here (one exposed AVX512-BF16, a later one did not), and it
         # decides the dtype, the tree and what every figure means.
         "cpu_native_bf16": cpu_has_native_bf16(),
+        # AMX decides whether the linears run on packed weights (--weight-packing auto).
+        "cpu_amx_bf16": cpu_has_amx_bf16(),
         "gpu": None,
     }
     try:

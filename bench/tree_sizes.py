@@ -1,7 +1,7 @@
 """Batch-1 speed of draft-tree sizes against plain decoding, in one process, interleaved.
 
     .venv/bin/python -m bench.tree_sizes [--trees 8/3/3 8/3/3+4 12/4/4] [--first 10 --questions 10]
-        [--draft-quantization int8 none] [--draft HEAD_DIR [HEAD_DIR ...]]
+        [--draft-quantization int8 none] [--weight-packing auto none] [--draft HEAD_DIR [HEAD_DIR ...]]
 
 Which tree suits a head depends on how deep its drafts survive and on what a draft step and a
 wider verify cost on the machine, so the default tree (--num-draft-tokens / --draft-depth /
@@ -10,7 +10,8 @@ same model; each MT-bench first-turn question (T=0 unless --temperature) goes th
 engine, the order rotating from question to question so that drift in machine load spreads
 evenly. "+L" after a tree adds up to L context-lookup tokens (spec/lookup.py); without it the
 tree has none. Several --draft heads get an engine each per tree (heads of different sizes: what their
-extra acceptance buys against their extra draft cost). tau = tokens per target forward (bonus included), from the engine's per-request counters.
+extra acceptance buys against their extra draft cost). Several --weight-packing values get a plain
+engine and an engine per tree each; speedups are against the plain engine of the same packing. tau = tokens per target forward (bonus included), from the engine's per-request counters.
 Writes bench/results/tree-sizes-<date>-<machine>-q<first question>-<last question>.json.
 """
 
@@ -23,7 +24,7 @@ import time
 from bench.environment import write_result
 from bench.workloads import mt_bench_questions
 from eagle_core import LLM, EngineConfig, SamplingParams
-from eagle_core.config import DRAFT_QUANTIZATIONS, SpecConfig
+from eagle_core.config import DRAFT_QUANTIZATIONS, WEIGHT_PACKINGS, SpecConfig
 
 
 def parse_tree(text: str) -> tuple[int, int, int, int]:
@@ -53,6 +54,10 @@ def main() -> None:
         "--draft-quantization", nargs="+", choices=DRAFT_QUANTIZATIONS, default=["auto"],
         help="one engine per tree and value (e.g. int8 none: the draft weights' effect)",
     )
+    parser.add_argument(
+        "--weight-packing", nargs="+", choices=WEIGHT_PACKINGS, default=["auto"],
+        help="a plain engine and one engine per tree for each value (auto none: packing's effect)",
+    )
     parser.add_argument("--first", type=int, default=10, help="index of the first MT-bench question")
     parser.add_argument("--questions", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=96)
@@ -61,18 +66,26 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
 
-    engines = {"plain": LLM(args.model, dtype=args.dtype, draft=None)}
-    for draft in args.draft:
-        for tokens, depth, top_k, lookup in args.trees:
-            for quant in args.draft_quantization:
-                spec = SpecConfig(draft=draft, num_draft_tokens=tokens, depth=depth, top_k=top_k,
-                                  max_batch=0, draft_quantization=quant, lookup_tokens=lookup)
-                name = tree_name(tokens, depth, top_k, lookup)
-                if len(args.draft_quantization) > 1:
-                    name += f" {quant}"
-                if len(args.draft) > 1:
-                    name += f" {os.path.basename(draft.rstrip('/'))}"
-                engines[name] = LLM(args.model, dtype=args.dtype, config=EngineConfig(spec=spec))
+    engines, plain_of = {}, {}
+    for packing in args.weight_packing:
+        suffix = f" {packing}" if len(args.weight_packing) > 1 else ""
+        plain = "plain" + suffix
+        engines[plain] = LLM(args.model, dtype=args.dtype, draft=None, weight_packing=packing)
+        plain_of[plain] = plain
+        for draft in args.draft:
+            for tokens, depth, top_k, lookup in args.trees:
+                for quant in args.draft_quantization:
+                    spec = SpecConfig(draft=draft, num_draft_tokens=tokens, depth=depth, top_k=top_k,
+                                      max_batch=0, draft_quantization=quant, lookup_tokens=lookup)
+                    name = tree_name(tokens, depth, top_k, lookup)
+                    if len(args.draft_quantization) > 1:
+                        name += f" {quant}"
+                    if len(args.draft) > 1:
+                        name += f" {os.path.basename(draft.rstrip('/'))}"
+                    name += suffix
+                    engines[name] = LLM(args.model, dtype=args.dtype, config=EngineConfig(spec=spec),
+                                        weight_packing=packing)
+                    plain_of[name] = plain
     for llm in engines.values():  # warm-up
         llm.chat([[{"role": "user", "content": "Hello!"}]], SamplingParams(temperature=0, max_tokens=8))
 
@@ -92,13 +105,15 @@ def main() -> None:
         print(f"{q + 1}/{len(questions)} " + ", ".join(
             f"{n} {t['tokens'] / t['seconds']:.1f}" for n, t in totals.items()), flush=True)
 
-    plain_rate = totals["plain"]["tokens"] / totals["plain"]["seconds"]
     rows = []
     for name, t in totals.items():
+        plain = totals[plain_of[name]]
+        plain_rate = plain["tokens"] / plain["seconds"]
         rate = t["tokens"] / t["seconds"]
         rows.append({"tree": name, "tok_s": rate, "speedup": rate / plain_rate,
                      "tau": t["emitted"] / max(1, t["steps"]),
-                     "draft_weights": engines[name].engine.worker.draft_weights, **t})
+                     "draft_weights": engines[name].engine.worker.draft_weights,
+                     "packed_weights": engines[name].engine.worker.packed_weights, **t})
         print(f"{name:>15}: {rate:.1f} tok/s, {rate / plain_rate:.2f}x, tau {rows[-1]['tau']:.2f}")
     settings = {**vars(args), "trees": [tree_name(*t) for t in args.trees]}
     span = f"-q{args.first + 1}-{args.first + len(questions)}" + (f"-T{args.temperature:g}" if args.temperature else "")

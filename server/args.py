@@ -21,6 +21,7 @@ import yaml
 
 from eagle_core.config import (
     DRAFT_QUANTIZATIONS,
+    WEIGHT_PACKINGS,
     CacheConfig,
     EngineConfig,
     ModelConfig,
@@ -91,6 +92,14 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag("--device", "model", "device", "'auto', 'cpu', 'cuda', 'cuda:1', ..."),
     Flag("--max-model-len", "model", "max_model_len", "longest prompt + completion in tokens"),
+    Flag(
+        "--weight-packing",
+        "model",
+        "weight_packing",
+        "auto: bf16 linears also keep oneDNN-packed weights for decoding-sized inputs on a CPU "
+        "with AMX (faster, same numbers, linear weights held twice); none: torch's linears",
+        choices=WEIGHT_PACKINGS,
+    ),
     Flag("--block-size", "cache", "block_size", "tokens per KV block"),
     Flag(
         "--kv-cache-tokens", "cache", "kv_cache_tokens", "KV budget in tokens across all sequences"

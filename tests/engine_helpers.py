@@ -21,10 +21,13 @@ def make_engine(
     spec: SpecConfig | None = None,
     dtype: str = "float32",
     spec_max_batch: int = 0,
+    weight_packing: str = "auto",
     **sched,
 ) -> Engine:
     config = EngineConfig(
-        model=ModelConfig(model=str(model_dir), dtype=dtype, device="cpu", max_model_len=max_model_len),
+        model=ModelConfig(
+            model=str(model_dir), dtype=dtype, device="cpu", max_model_len=max_model_len, weight_packing=weight_packing
+        ),
         cache=CacheConfig(kv_cache_tokens=kv_tokens),
         scheduler=dataclasses.replace(SchedulerConfig(), **sched),
         # Tests of speculation want trees whatever the batch size (no load-based fallback) unless

@@ -30,9 +30,9 @@ from torch import nn
 _KERNEL_BLOCK = 32
 
 ROW_LIMIT = 16
-"""Rows up to which the int8 kernel runs. Measured on the 2-core CPU with weights out of cache
-(as in the engine): at 16 rows int8 still won (576 -> 1536: 156 vs 235 us; 576 -> 8192: 646 vs
-793 us); with weights in cache it already lost at 16 (121 vs 91 us) and lost 2x at 64."""
+"""Rows up to which the int8 kernel runs by default. Measured on the 2-core CPU with weights out
+of cache (as in the engine): at 16 rows int8 still won (576 -> 1536: 156 vs 235 us; 576 -> 8192:
+646 vs 793 us); with weights in cache it already lost at 16 (121 vs 91 us) and lost 2x at 64."""
 
 
 def quantizable(linear: nn.Linear) -> bool:
@@ -52,9 +52,9 @@ def wants_int8(mode: str, device: torch.device, dtype: torch.dtype) -> bool:
 
 class Int8Linear(nn.Module):
     """A bf16 nn.Linear plus int8 weights (symmetric, one bf16 scale per output row) that serve
-    inputs of at most ROW_LIMIT rows."""
+    inputs of at most `row_limit` rows."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, row_limit: int = ROW_LIMIT) -> None:
         super().__init__()
         if not quantizable(linear):
             raise ValueError(
@@ -64,6 +64,7 @@ class Int8Linear(nn.Module):
             )
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.linear = linear
+        self.row_limit = row_limit
         weight = linear.weight.detach().float()  # [out, in]
         # Round the scale to bf16 first: the kernel multiplies by the bf16 scale.
         scale = (weight.abs().amax(dim=1).clamp_min(1e-12) / 127).to(linear.weight.dtype)  # [out]
@@ -73,7 +74,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [*, in] -> [*, out]
         rows = x.reshape(-1, self.in_features)  # [N, in]
-        if rows.shape[0] > ROW_LIMIT:
+        if rows.shape[0] > self.row_limit:
             return self.linear(x)
         rows = rows.to(self.scale.dtype).contiguous()
         out = torch.ops.aten._weight_int8pack_mm(rows, self.weight_int8, self.scale)  # [N, out]
@@ -81,7 +82,9 @@ class Int8Linear(nn.Module):
         return out if self.linear.bias is None else out + self.linear.bias
 
 
-def quantize_linears(module: nn.Module, keep: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
+def quantize_linears(
+    module: nn.Module, keep: tuple[str, ...] = (), row_limit: int = ROW_LIMIT
+) -> tuple[list[str], list[str]]:
     """Replace every quantizable nn.Linear under `module` (in place) except those whose own name
     is in `keep`; returns the dotted names (replaced, left as they were)."""
     replaced, left = [], []
@@ -93,7 +96,7 @@ def quantize_linears(module: nn.Module, keep: tuple[str, ...] = ()) -> tuple[lis
                 continue
             full = f"{name}.{child_name}" if name else child_name
             if quantizable(grandchild):
-                setattr(child, child_name, Int8Linear(grandchild))
+                setattr(child, child_name, Int8Linear(grandchild, row_limit))
                 replaced.append(full)
             else:
                 left.append(full)

@@ -135,18 +135,28 @@ def _warn_on_emulated_bf16(dtype: torch.dtype, device: torch.device) -> None:
 
 
 @functools.lru_cache(maxsize=1)
-def cpu_has_native_bf16() -> bool:
-    """True when the CPU has bf16 dot-product instructions (else bf16 matmuls are emulated, slower)."""
+def _cpu_flags() -> frozenset[str]:
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:  # not Linux: stay on the safe side
-        return False
+        return frozenset()
     flags = set()
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("flags", "Features"):  # x86 / arm64
             flags.update(value.split())
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+    return frozenset(flags)
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU has bf16 dot-product instructions (else bf16 matmuls are emulated, slower)."""
+    return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def cpu_has_amx_bf16() -> bool:
+    """True on x86 CPUs with AMX bf16 tiles (Sapphire Rapids and later), where oneDNN's bf16
+    kernels run on AMX."""
+    return "amx_bf16" in _cpu_flags()
 
 
 # ----------------------------------------------------------------------------- load_model

@@ -22,16 +22,23 @@ from eagle_core.errors import ModelLoadError
 from eagle_core.kv import blocks_needed
 from eagle_core.spec.draft_head import load_draft_head
 from eagle_core.spec.drafter import Drafter
+from eagle_core.spec.int8_linear import ROW_LIMIT as INT8_ROW_LIMIT
 from eagle_core.spec.int8_linear import quantize_linears, wants_int8
 from eagle_core.spec.lookup import ContextLookup
 from eagle_core.worker import attention
 from eagle_core.worker.kv_storage import KVStorage
-from eagle_core.worker.loader import cpu_has_native_bf16, dtype_name, load_model
+from eagle_core.worker.loader import cpu_has_amx_bf16, cpu_has_native_bf16, dtype_name, load_model
 from eagle_core.worker.model_runner import PlainRunner, TargetModel, kv_shape
+from eagle_core.worker.packed_linear import pack_linears, wants_packing
 from eagle_core.worker.sampler import Sampler
 from eagle_core.worker.spec_runner import SpecRunner
 
 logger = logging.getLogger(__name__)
+
+# With packed bf16 weights to fall back on, the int8 kernel wins only up to 4 rows: on the 2-core
+# AMX Xeon, weights out of cache, 576 -> 1536 took 67 vs 72 us at 4 rows and 121 vs 76 at 6; at
+# 8 rows 160 vs 101 (1 row: 51 vs 112).
+INT8_ROWS_BESIDE_PACKED = 4
 
 # Without an explicit --max-model-len, very long model contexts are capped so that a default
 # KV budget still holds several sequences.
@@ -48,6 +55,10 @@ class Worker:
         self.model_name = loaded.name
         self.device = loaded.device
         self.dtype = loaded.dtype
+        self.packed_weights = wants_packing(config.model.weight_packing, self.device, self.dtype, cpu_has_amx_bf16())
+        """Whether the target's and the draft head's bf16 linears run on oneDNN-packed weights."""
+        if self.packed_weights:
+            logger.info("oneDNN-packed weights for %d target linears", len(pack_linears(loaded.model)))
         self.vocab_size = loaded.model.get_output_embeddings().weight.shape[0]
         generation_config = getattr(loaded.model, "generation_config", None)
         self.generation_eos = getattr(generation_config, "eos_token_id", None)
@@ -89,7 +100,8 @@ class Worker:
                 f"{self.device}: use none"
             )
         # The fc's input mixes raw target hidden states, outlier channels included: see SpecConfig.
-        replaced, left = quantize_linears(self.draft_head, keep=("fc",))
+        row_limit = INT8_ROWS_BESIDE_PACKED if self.packed_weights else INT8_ROW_LIMIT
+        replaced, left = quantize_linears(self.draft_head, keep=("fc",), row_limit=row_limit)
         if left:
             logger.warning("draft head linears left in %s (shape unsupported by the int8 kernel): %s",
                            self.dtype, ", ".join(left))
@@ -107,6 +119,8 @@ class Worker:
             attn_implementation=attention.ATTN_NAME,
         )
         quantized = self._quantize_draft(spec.draft_quantization)
+        if self.packed_weights:  # after int8: it packs the bf16 linears int8 falls back on, too
+            pack_linears(self.draft_head)
         self.draft_weights = "int8" if quantized else dtype_name(self.dtype)
         cache = self.config.cache
         drafter = Drafter(

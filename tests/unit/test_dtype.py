@@ -48,6 +48,7 @@ def test_cpu_bf16_detection_reads_cpu_flags():
         pytest.skip("no /proc/cpuinfo")
     flagged = any(flag in cpuinfo.split() for flag in ("avx512_bf16", "amx_bf16", "bf16"))
     assert loader.cpu_has_native_bf16() == flagged
+    assert loader.cpu_has_amx_bf16() == ("amx_bf16" in cpuinfo.split())
 
 
 def test_auto_device():

@@ -1,0 +1,92 @@
+"""bf16 linears with oneDNN-packed weights, for decoding-sized inputs on CPUs with AMX.
+
+Why: on a CPU with AMX, torch's bf16 linear over a plain weight costs about twice what the same
+matmul costs once the weight is packed into oneDNN's blocked layout (done once here, with
+`torch.ops.mkldnn._reorder_linear_weight`, then run with `torch.ops.mkldnn._linear_pointwise`: the
+pair torch's inductor emits for a frozen CPU linear). A 1,536 x 576 linear over one row took 78 us
+against 37 us (174 against 116 us with the weights out of cache, as in a forward) on the 2-core
+AMX Xeon VM. In the engine, MT-bench batch 1, 256 tokens (2026-12-02,
+bench/results/tree-sizes-2026-12-02-vm-amx-q11-20-256tok-packing.json): plain decoding 19.5 ->
+22.9 tok/s, EAGLE 8/3/3 + 8 lookup tokens 46.4 -> 52.2. Hand-written because the library routes
+to these kernels do not fit: intel-extension-for-pytorch has no release for torch 2.13, and
+torch.compile with freezing (not tried here) adds compilation to start-up and to new input shapes.
+
+Inputs of at most ROW_LIMIT rows take the packed weight; larger ones (prefill chunks, big batches)
+the original linear, which is kept (for SmolLM2, 256 MiB of packed weights beside the model's 257
+MiB). Up to 32 rows the packed kernel's results are bit-identical to torch's linear on that
+CPU, and batch-invariant (a row's result does not depend on the other rows); from 33 rows
+torch's linear switches kernels and the two differ in the last bits. So the limit keeps every
+number the engine computes what it was without packing: the same text with and without packing,
+alone or in a batch, with or without speculation (tests/unit/test_packed_linear.py checks it).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+ROW_LIMIT = 32
+"""Rows up to which the packed weight runs (see the module docstring for why 32)."""
+
+def wants_packing(mode: str, device: torch.device, dtype: torch.dtype, amx_bf16: bool) -> bool:
+    """Whether a model on `device` in `dtype` gets packed linears (ModelConfig.weight_packing):
+    bf16 on an x86 CPU with AMX, the only kind measured (AVX512-BF16 without AMX, as on the AMD
+    EPYC VMs, is not), and where torch was built with oneDNN."""
+    return (
+        mode == "auto"
+        and device.type == "cpu"
+        and dtype == torch.bfloat16
+        and amx_bf16
+        and torch.backends.mkldnn.is_available()
+    )
+
+
+class PackedLinear(nn.Module):
+    """A bf16 CPU nn.Linear plus its weight packed for oneDNN, which serves inputs of at most
+    ROW_LIMIT rows. `weight` and `bias` are the original linear's, for code that reads them (a
+    tied LM head's weight is the embedding's)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        if linear.weight.device.type != "cpu" or linear.weight.dtype != torch.bfloat16:
+            raise ValueError(
+                f"PackedLinear needs a CPU bfloat16 linear; got {linear.weight.device.type} "
+                f"{linear.weight.dtype}"
+            )
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.linear = linear
+        # The batch-size hint picks oneDNN's blocking: 1 was fastest up to 64 rows.
+        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
+        self.register_buffer("packed_weight", packed, persistent=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.linear.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [*, in] -> [*, out]
+        rows = x.numel() // self.in_features
+        if not 0 < rows <= ROW_LIMIT or x.dtype != torch.bfloat16:
+            return self.linear(x)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.linear.bias, "none", [], "")
+
+
+def pack_linears(module: nn.Module) -> list[str]:
+    """Wrap every CPU bf16 nn.Linear under `module` (in place, including those inside an
+    Int8Linear) in a PackedLinear; returns their dotted names."""
+    packed = []
+    for name, child in list(module.named_modules()):
+        if isinstance(child, PackedLinear):
+            continue
+        for child_name, grandchild in list(child.named_children()):
+            if (
+                type(grandchild) is nn.Linear
+                and grandchild.weight.device.type == "cpu"
+                and grandchild.weight.dtype == torch.bfloat16
+            ):
+                setattr(child, child_name, PackedLinear(grandchild))
+                packed.append(f"{name}.{child_name}" if name else child_name)
+    return packed
