@@ -55,10 +55,13 @@ class Worker:
         self.model_name = loaded.name
         self.device = loaded.device
         self.dtype = loaded.dtype
-        self.packed_weights = wants_packing(config.model.weight_packing, self.device, self.dtype, cpu_has_amx_bf16())
-        """Whether the target's and the draft head's bf16 linears run on oneDNN-packed weights."""
-        if self.packed_weights:
-            logger.info("oneDNN-packed weights for %d target linears", len(pack_linears(loaded.model)))
+        self.packed_weights = False
+        """Whether the target's (and the draft head's) bf16 linears run on oneDNN-packed weights."""
+        if wants_packing(config.model.weight_packing, self.device, self.dtype, cpu_has_amx_bf16()):
+            packed = pack_linears(loaded.model)
+            self.packed_weights = bool(packed)
+            if packed:
+                logger.info("oneDNN-packed weights for %d target linears", len(packed))
         self.vocab_size = loaded.model.get_output_embeddings().weight.shape[0]
         generation_config = getattr(loaded.model, "generation_config", None)
         self.generation_eos = getattr(generation_config, "eos_token_id", None)

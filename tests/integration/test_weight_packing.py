@@ -29,13 +29,17 @@ def test_the_target_and_draft_linears_are_packed_and_decode_the_same_tokens(tiny
     head = random_head_dir(model_dir, tmp_path / "head")
     # Prompts past 32 tokens prefill on torch's linear; decode and tree steps on the packed one.
     prompts = random_prompts(21, [3, 9, 17, 40, 70, 5], TINY_VOCAB_SIZE)
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    # Seeded sampling too: packing also moves the int8 draft kernel's row limit (16 -> 4), so the
+    # drafts of 5-16-row inputs change; a seeded request's text must not.
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    sampled = SamplingParams(temperature=1.0, top_p=0.9, seed=5, max_tokens=24, ignore_eos=True)
     runs = {}
     for packing in ("auto", "none"):
         plain = make_engine(model_dir, dtype="bfloat16", weight_packing=packing, max_num_seqs=4)
         spec = make_engine(model_dir, draft=str(head), spec=TREE, dtype="bfloat16", weight_packing=packing,
                            max_num_seqs=4)
-        runs[packing] = (run_staggered(plain, prompts, params, first=3), run_staggered(spec, prompts, params, first=3))
+        runs[packing] = [run_staggered(engine, prompts, params, first=3)
+                         for engine in (plain, spec) for params in (greedy, sampled)]
         assert plain.worker.packed_weights is spec.worker.packed_weights is (packing == "auto")
         if packing == "auto":
             target_linears = _packed(plain.worker.target.model)
@@ -49,6 +53,7 @@ def test_the_target_and_draft_linears_are_packed_and_decode_the_same_tokens(tiny
         else:
             assert _packed(plain.worker.target.model) == _packed(spec.worker.draft_head) == []
     assert runs["auto"] == runs["none"]
+    assert runs["auto"][0] != runs["auto"][1]  # the sampled run is not the greedy one
     assert spec.spec_counters.num_drafts > 0
 
 
@@ -61,4 +66,5 @@ def test_smollm2_gives_the_same_tokens_with_packed_weights(smollm2_dir):
     for packing in ("auto", "none"):
         engine = make_engine(smollm2_dir, dtype="bfloat16", max_model_len=1024, weight_packing=packing, max_num_seqs=6)
         outputs[packing] = run_staggered(engine, prompts, params, first=3)
+        assert engine.worker.packed_weights is (packing == "auto")  # the start-up check passed
     assert outputs["auto"] == outputs["none"]

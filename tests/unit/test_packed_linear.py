@@ -26,8 +26,12 @@ def _linear(in_features: int, out_features: int, bias: bool = False) -> nn.Linea
     return linear.to(torch.bfloat16)
 
 
-# SmolLM2-135M's and its draft head's linear shapes (in, out): blocking depends on the shape.
-SMOLLM2_SHAPES = [(576, 576), (576, 192), (576, 1536), (1536, 576), (576, 8192), (1728, 576)]
+# SmolLM2-135M's and its EAGLE-3 head's linear shapes (in, out), the tied LM head and the head's
+# q/k/v over concat(embedding, hidden) among them: blocking depends on the shape.
+SMOLLM2_SHAPES = [
+    (576, 576), (576, 192), (576, 1536), (1536, 576), (576, 49152),
+    (1152, 576), (1152, 192), (576, 8192), (1728, 576),
+]
 
 
 @needs_amx
@@ -42,6 +46,7 @@ def test_up_to_the_row_limit_the_packed_kernel_equals_torchs_linear_bit_for_bit(
     for rows in (1, 2, 3, 8, 11, 16, 24, ROW_LIMIT):
         with torch.inference_mode():
             assert torch.equal(packed(x[:rows]), linear(x[:rows])), f"{rows} rows"
+    assert packed.matches_linear()  # the check each start runs agrees
 
 
 @needs_amx
@@ -93,6 +98,21 @@ def test_pack_linears_wraps_bf16_cpu_linears_inside_int8_ones_and_keeps_tied_wei
     with torch.inference_mode():
         # 8 rows: past the int8 limit of 4, so the packed bf16 fallback runs
         assert torch.equal(model["quantized"](x), model["quantized"].linear.linear(x))
+
+
+@needs_amx
+def test_a_kernel_that_differs_from_torchs_packs_nothing(monkeypatch):
+    model = nn.Sequential(nn.Linear(64, 64).to(torch.bfloat16), nn.Linear(64, 32).to(torch.bfloat16))
+    shapes = []
+
+    def differs_for_the_second_shape(self):
+        shapes.append(self.out_features)
+        return self.out_features == 64
+
+    monkeypatch.setattr(PackedLinear, "matches_linear", differs_for_the_second_shape)
+    assert pack_linears(model) == []
+    assert shapes == [64, 32]  # one check per shape
+    assert [type(m) for m in model] == [nn.Linear, nn.Linear]  # nothing wrapped, not even the first
 
 
 def test_packing_needs_a_bf16_cpu_linear():
