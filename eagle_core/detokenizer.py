@@ -27,6 +27,9 @@ class IncrementalDetokenizer:
         self.text = ""
         """All output text decoded so far (cut at a stop string once one is found)."""
         self._emitted = 0
+        self._unsearched_until = 0
+        """Text before this index was added with find_stop=False (before min_tokens), including
+        whole characters still held back with a partial one: no stop string may end there."""
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
@@ -43,7 +46,7 @@ class IncrementalDetokenizer:
         after = self._decode(self._ids[self._prefix :])
         if len(after) <= len(before):
             return False
-        old_len = len(self.text)
+        old_len = max(len(self.text), self._unsearched_until)
         new_text = after[len(before) :]
         if new_text.endswith("\ufffd"):
             # Incomplete character: wait for more tokens, unless a stop string already ends in
@@ -51,7 +54,10 @@ class IncrementalDetokenizer:
             # character and the first bytes of the next one; the stop belongs to this token,
             # not to whichever later token completes the character.
             whole = new_text.rstrip("\ufffd")
-            if not (find_stop and self._find_stop(self.text + whole, old_len) is not None):
+            if not find_stop:
+                self._unsearched_until = len(self.text) + len(whole)
+                return False
+            if self._find_stop(self.text + whole, old_len) is None:
                 return False
             new_text = whole
         self.text += new_text

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from eagle_core.errors import InvalidRequestError
@@ -11,9 +10,10 @@ GREEDY_BELOW = 1e-5
 """Temperatures below this decode greedily, as in vLLM: logits divided by a temperature near
 fp32's smallest numbers overflow to inf and the probabilities to NaN (1e-38 did), and at
 1e-5 a token whose logit trails the top one by 1e-3 already has a probability of e^-100."""
-MIN_REPETITION_PENALTY = 1e-6
-"""Positive logits are divided by the penalty: a penalty near 0 (1e-300 is 0 in fp32)
-overflows them as a tiny temperature would."""
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 1e-6, 1e6
+"""Positive logits are divided by the penalty, negative ones multiplied: a penalty near 0 (1e-300
+is 0 in fp32) overflows them as a tiny temperature would, and one past fp32's range (1e39 passes
+a float64 finiteness check) becomes inf there, so a logit of 0 turns into NaN."""
 
 
 @dataclass(frozen=True)
@@ -69,10 +69,10 @@ class SamplingParams:
             bad("presence_penalty", f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
         if not -2.0 <= self.frequency_penalty <= 2.0:
             bad("frequency_penalty", f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
-        if not MIN_REPETITION_PENALTY <= self.repetition_penalty < math.inf:  # NaN fails too
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:  # NaN fails too
             bad(
                 "repetition_penalty",
-                f"repetition_penalty must be a finite number of at least {MIN_REPETITION_PENALTY:g} "
+                f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}] "
                 f"(1 = off), got {self.repetition_penalty}",
             )
         if self.max_tokens is not None and self.max_tokens < 1:

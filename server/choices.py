@@ -31,13 +31,15 @@ class TokenTexts:
     text then ends in U+FFFD, and OpenAI's `bytes` field exists for exactly this case: joined
     over the tokens, the bytes must give the text's UTF-8. So the bytes come from the token's
     vocabulary entry where the tokenizer's decoder is known to map it to bytes (`raw_bytes`),
-    else from the decoded text."""
+    else from the decoded text. Where they are known and are whole characters, the token's
+    text is those bytes too: decoding one SentencePiece token alone strips its leading space
+    ("▁hello" -> "hello"), which the text the token adds to a completion has."""
 
     def __init__(self, decode: Callable[[list[int]], str], raw_bytes: Callable[[int], bytes | None] | None = None):
         self._decode = decode
         self._raw_bytes = raw_bytes
         self._cache: dict[int, str] = {}
-        self._bytes_cache: dict[int, list[int]] = {}
+        self._bytes_cache: dict[int, bytes] = {}
 
     @classmethod
     def of(cls, tokenizer) -> TokenTexts:
@@ -46,15 +48,33 @@ class TokenTexts:
     def __call__(self, token_id: int) -> str:
         text = self._cache.get(token_id)
         if text is None:
-            text = self._decode([token_id])
+            raw = self._raw_bytes(token_id) if self._raw_bytes else None
+            try:
+                text = raw.decode("utf-8") if raw is not None else self._decode([token_id])
+            except UnicodeDecodeError:  # part of a character: U+FFFD, as the tokenizer gives
+                text = self._decode([token_id])
             self._cache[token_id] = text
         return text
 
     def bytes(self, token_id: int) -> list[int]:
+        return list(self._bytes_of(token_id))
+
+    def legacy_text(self, token_id: int) -> str:
+        """The token as completions' legacy logprobs name it: its text, or, for part of a
+        character, "bytes:" and its bytes escaped ("bytes:\\xf0\\x9f"), as OpenAI writes them, so
+        that two such tokens do not share one top_logprobs key."""
+        raw = self._bytes_of(token_id)
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+        return self(token_id)
+
+    def _bytes_of(self, token_id: int) -> bytes:
         cached = self._bytes_cache.get(token_id)
         if cached is None:
             raw = self._raw_bytes(token_id) if self._raw_bytes else None
-            cached = list(raw if raw is not None else self(token_id).encode("utf-8"))
+            cached = raw if raw is not None else self(token_id).encode("utf-8")
             self._bytes_cache[token_id] = cached
         return cached
 
@@ -162,12 +182,14 @@ def completion_logprobs(
     out = CompletionLogprobs()
     offset = start_offset
     for item in items:
-        text = token_texts(item.token_id)
-        out.tokens.append(text)
+        name = token_texts.legacy_text(item.token_id)
+        out.tokens.append(name)
         out.token_logprobs.append(item.logprob)
-        top = {token_texts(tid): lp for tid, lp in item.top}
-        top.setdefault(text, item.logprob)  # OpenAI: the sampled token is always among them
+        top = {token_texts.legacy_text(tid): lp for tid, lp in item.top}
+        # OpenAI: the sampled token is always among them. Should two tokens share a text (an
+        # added token spelled like a vocabulary entry), the sampled one wins.
+        top[name] = item.logprob
         out.top_logprobs.append(top)
         out.text_offset.append(offset)
-        offset += len(text)
+        offset += len(token_texts(item.token_id))
     return out

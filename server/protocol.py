@@ -64,6 +64,8 @@ class ChatMessage(_Request):
         # would read "Input should be a valid string" for an image.
         if isinstance(content, list):
             for part in content:
+                if isinstance(part, TextPart):  # built in code, already validated
+                    continue
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 if kind != "text":
                     raise ValueError(f"only text content parts are supported, not {kind!r}")

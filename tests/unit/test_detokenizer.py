@@ -99,3 +99,16 @@ def test_a_stop_string_before_min_tokens_is_not_cut_when_the_request_ends_in_a_c
     assert not d.add([0], find_stop=False)
     assert not d.add([1], find_stop=False)
     assert d.release(finished=True) == "xxab"
+
+
+def test_a_stop_string_before_min_tokens_held_back_with_a_partial_character_is_not_found_later():
+    """The text before min_tokens can wait with a partial character; a later token that
+    completes the character must not find a stop string that ended before it."""
+    e_acute = "é".encode()
+    tokenizer = PieceTokenizer([b"ab" + e_acute[:1], e_acute[1:], b"xab"])
+    d = IncrementalDetokenizer(tokenizer, [], ("ab",), True)
+    assert not d.add([0], find_stop=False)
+    assert not d.add([1])  # completes "é": "ab" ended before min_tokens
+    assert d.text == "abé"
+    assert d.add([2])  # a new "ab" is found
+    assert d.text == "abéx"

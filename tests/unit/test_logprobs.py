@@ -51,6 +51,11 @@ def test_byte_fallback_bytes_rebuild_the_text():
     assert texts.bytes(tokenizer.convert_tokens_to_ids("<0xC3>")) == [0xC3]
     # The first token's "▁" is the space SentencePiece adds in front of the text.
     assert b"".join(bytes(texts.bytes(i)) for i in ids) == b" " + text.encode()
+    # A token's text is its bytes where they are whole characters: decoding "▁hello" alone
+    # strips the space the token adds to a text.
+    hello = tokenizer.convert_tokens_to_ids("▁hello")
+    assert tokenizer.decode([hello]) == "hello" and texts(hello) == " hello"
+    assert all(texts(i).encode() == bytes(texts.bytes(i)) for i in ids if "\ufffd" not in texts(i))
 
 
 def test_other_tokenizers_take_the_bytes_of_the_decoded_text():
@@ -72,3 +77,22 @@ def test_completion_top_logprobs_hold_the_sampled_token():
     out = completion_logprobs(items, texts)
     assert out.top_logprobs == [{"a": -0.5, "b": -2.0}, {"a": -0.5}, {"c": -1.0}]
     assert out.tokens == ["b", "a", "c"] and out.token_logprobs == [-2.0, -0.5, -1.0]
+
+
+def test_completion_logprobs_name_parts_of_characters_by_their_bytes():
+    """Two tokens holding parts of characters both decode to U+FFFD: as one top_logprobs key
+    the sampled one's logprob was lost. OpenAI names them "bytes:\\x..", as here."""
+    tokenizer = make_tiny_tokenizer()
+    texts = TokenTexts.of(tokenizer)
+    ids = tokenizer("😀 世界").input_ids
+    partial = [i for i in ids if "\ufffd" in texts(i)]
+    assert len(set(partial)) >= 2
+    first, second = partial[:2]
+    whole = next(i for i in tokenizer("hello").input_ids if "\ufffd" not in texts(i))
+    items = [TokenLogprob(first, -1.5, [(second, -0.2)]), TokenLogprob(whole, -0.1, [(whole, -0.1)])]
+    out = completion_logprobs(items, texts)
+    name = "bytes:" + "".join(f"\\x{b:02x}" for b in texts.bytes(first))
+    assert out.tokens[0] == name
+    assert out.top_logprobs[0] == {name: -1.5, "bytes:" + "".join(f"\\x{b:02x}" for b in texts.bytes(second)): -0.2}
+    assert out.tokens[1] == texts(whole)
+    assert out.text_offset == [0, 1]  # offsets count the decoded text (U+FFFD is one character)

@@ -296,11 +296,17 @@ def test_min_tokens_holds_back_stop_tokens_only_in_rows_short_of_it():
     assert probs[0, 1] == 0 and probs[0, 4] == 0
 
 
-@pytest.mark.parametrize("penalty", [0.0, -1.0, math.nan, math.inf, 1e-300, 1e-7])
+@pytest.mark.parametrize("penalty", [0.0, -1.0, math.nan, math.inf, 1e-300, 1e-7, 1e39, 1.1e6])
 def test_repetition_penalty_must_be_finite_and_not_near_zero(penalty):
     with pytest.raises(InvalidRequestError, match="repetition_penalty") as err:
         SamplingParams(repetition_penalty=penalty)
     assert err.value.param == "repetition_penalty"
+
+
+def test_the_largest_repetition_penalty_keeps_logits_finite():
+    logits = torch.tensor([[0.0, 3.0, -30.0, 1.0]])
+    out = apply_penalties(logits, [[0, 1, 2]], [[]], [SamplingParams(repetition_penalty=1e6)])
+    assert torch.isfinite(out).all()
 
 
 def test_min_tokens_is_checked_against_max_tokens():

@@ -11,6 +11,7 @@ import pytest
 
 from server.app import create_app
 from server.engine_client import EngineClient
+from server.protocol import ChatMessage, TextPart
 from server.settings import ServerSettings
 
 try:
@@ -645,3 +646,8 @@ async def test_dead_engine_loop_fails_requests_and_health():
     finally:
         await http.aclose()
         client.shutdown()
+
+
+def test_text_parts_built_in_code_are_accepted():
+    message = ChatMessage(role="user", content=[TextPart(type="text", text="Hi"), {"type": "text", "text": "!"}])
+    assert message.text() == "Hi!"
