@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from itertools import product
 
 from bench.environment import write_result
 from bench.workloads import mt_bench_questions
@@ -72,20 +73,17 @@ def main() -> None:
         plain = "plain" + suffix
         engines[plain] = LLM(args.model, dtype=args.dtype, draft=None, weight_packing=packing)
         plain_of[plain] = plain
-        for draft in args.draft:
-            for tokens, depth, top_k, lookup in args.trees:
-                for quant in args.draft_quantization:
-                    spec = SpecConfig(draft=draft, num_draft_tokens=tokens, depth=depth, top_k=top_k,
-                                      max_batch=0, draft_quantization=quant, lookup_tokens=lookup)
-                    name = tree_name(tokens, depth, top_k, lookup)
-                    if len(args.draft_quantization) > 1:
-                        name += f" {quant}"
-                    if len(args.draft) > 1:
-                        name += f" {os.path.basename(draft.rstrip('/'))}"
-                    name += suffix
-                    engines[name] = LLM(args.model, dtype=args.dtype, config=EngineConfig(spec=spec),
-                                        weight_packing=packing)
-                    plain_of[name] = plain
+        for draft, (tokens, depth, top_k, lookup), quant in product(args.draft, args.trees, args.draft_quantization):
+            spec = SpecConfig(draft=draft, num_draft_tokens=tokens, depth=depth, top_k=top_k,
+                              max_batch=0, draft_quantization=quant, lookup_tokens=lookup)
+            name = tree_name(tokens, depth, top_k, lookup)
+            if len(args.draft_quantization) > 1:
+                name += f" {quant}"
+            if len(args.draft) > 1:
+                name += f" {os.path.basename(draft.rstrip('/'))}"
+            name += suffix
+            engines[name] = LLM(args.model, dtype=args.dtype, config=EngineConfig(spec=spec), weight_packing=packing)
+            plain_of[name] = plain
     for llm in engines.values():  # warm-up
         llm.chat([[{"role": "user", "content": "Hello!"}]], SamplingParams(temperature=0, max_tokens=8))
 

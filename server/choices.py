@@ -38,45 +38,40 @@ class TokenTexts:
     def __init__(self, decode: Callable[[list[int]], str], raw_bytes: Callable[[int], bytes | None] | None = None):
         self._decode = decode
         self._raw_bytes = raw_bytes
-        self._cache: dict[int, str] = {}
-        self._bytes_cache: dict[int, bytes] = {}
+        self._cache: dict[int, tuple[str, bytes]] = {}
+        """token id -> (text, bytes)"""
 
     @classmethod
     def of(cls, tokenizer) -> TokenTexts:
         return cls(tokenizer.decode, _raw_bytes_reader(tokenizer))
 
     def __call__(self, token_id: int) -> str:
-        text = self._cache.get(token_id)
-        if text is None:
+        return self._entry(token_id)[0]
+
+    def bytes(self, token_id: int) -> list[int]:
+        return list(self._entry(token_id)[1])
+
+    def legacy_text(self, token_id: int) -> str:
+        """The token as completions' legacy logprobs name it: its text, or, for part of a
+        character (its bytes are not its text's), "bytes:" and its bytes escaped
+        ("bytes:\\xf0\\x9f"), as OpenAI writes them, so that two such tokens do not share one
+        top_logprobs key."""
+        text, raw = self._entry(token_id)
+        if text.encode("utf-8") == raw:
+            return text
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+    def _entry(self, token_id: int) -> tuple[str, bytes]:
+        entry = self._cache.get(token_id)
+        if entry is None:
             raw = self._raw_bytes(token_id) if self._raw_bytes else None
             try:
                 text = raw.decode("utf-8") if raw is not None else self._decode([token_id])
             except UnicodeDecodeError:  # part of a character: U+FFFD, as the tokenizer gives
                 text = self._decode([token_id])
-            self._cache[token_id] = text
-        return text
-
-    def bytes(self, token_id: int) -> list[int]:
-        return list(self._bytes_of(token_id))
-
-    def legacy_text(self, token_id: int) -> str:
-        """The token as completions' legacy logprobs name it: its text, or, for part of a
-        character, "bytes:" and its bytes escaped ("bytes:\\xf0\\x9f"), as OpenAI writes them, so
-        that two such tokens do not share one top_logprobs key."""
-        raw = self._bytes_of(token_id)
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
-        return self(token_id)
-
-    def _bytes_of(self, token_id: int) -> bytes:
-        cached = self._bytes_cache.get(token_id)
-        if cached is None:
-            raw = self._raw_bytes(token_id) if self._raw_bytes else None
-            cached = raw if raw is not None else self(token_id).encode("utf-8")
-            self._bytes_cache[token_id] = cached
-        return cached
+            entry = (text, raw if raw is not None else text.encode("utf-8"))
+            self._cache[token_id] = entry
+        return entry
 
 
 def _raw_bytes_reader(tokenizer) -> Callable[[int], bytes | None] | None:

@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from eagle_core.worker.linear_children import linear_children
+
 # torch 2.13's bf16 CPU kernel crashes the process (segfault) when in_features is not a multiple
 # of 32; such linears stay unquantized.
 _KERNEL_BLOCK = 32
@@ -88,16 +90,12 @@ def quantize_linears(
     """Replace every quantizable nn.Linear under `module` (in place) except those whose own name
     is in `keep`; returns the dotted names (replaced, left as they were)."""
     replaced, left = [], []
-    for name, child in list(module.named_modules()):
-        if isinstance(child, Int8Linear):
+    for parent, child_name, full, linear in linear_children(module, skip=Int8Linear):
+        if child_name in keep:
             continue
-        for child_name, grandchild in list(child.named_children()):
-            if not isinstance(grandchild, nn.Linear) or child_name in keep:
-                continue
-            full = f"{name}.{child_name}" if name else child_name
-            if quantizable(grandchild):
-                setattr(child, child_name, Int8Linear(grandchild, row_limit))
-                replaced.append(full)
-            else:
-                left.append(full)
+        if quantizable(linear):
+            setattr(parent, child_name, Int8Linear(linear, row_limit))
+            replaced.append(full)
+        else:
+            left.append(full)
     return replaced, left

@@ -27,10 +27,13 @@ import logging
 import torch
 from torch import nn
 
+from eagle_core.worker.linear_children import linear_children
+
 logger = logging.getLogger(__name__)
 
 ROW_LIMIT = 32
 """Rows up to which the packed weight runs (see the module docstring for why 32)."""
+
 
 def wants_packing(mode: str, device: torch.device, dtype: torch.dtype, amx_bf16: bool) -> bool:
     """Whether a model on `device` in `dtype` gets packed linears (ModelConfig.weight_packing):
@@ -77,7 +80,6 @@ class PackedLinear(nn.Module):
             return self.linear(x)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.linear.bias, "none", [], "")
 
-
     def matches_linear(self) -> bool:
         """Whether the packed kernel gives torch's linear's results bit for bit here, and the
         same for one row alone as inside a full batch (checked on random inputs: the property
@@ -85,29 +87,23 @@ class PackedLinear(nn.Module):
         generator = torch.Generator().manual_seed(0)
         x = torch.randn(ROW_LIMIT, self.in_features, generator=generator).to(torch.bfloat16)  # [32, in]
         with torch.inference_mode():
-            together = self(x)
-            return all(
-                torch.equal(self(x[:rows]), self.linear(x[:rows])) and torch.equal(self(x[:rows]), together[:rows])
-                for rows in (1, 7, ROW_LIMIT)
-            )
+            together = self(x)  # [32, out]
+            for rows in (1, 7, ROW_LIMIT):
+                packed = together if rows == ROW_LIMIT else self(x[:rows])  # [rows, out]
+                if not (torch.equal(packed, self.linear(x[:rows])) and torch.equal(packed, together[:rows])):
+                    return False
+            return True
 
 
 def pack_linears(module: nn.Module) -> list[str]:
     """Wrap every CPU bf16 nn.Linear under `module` (in place, including those inside an
     Int8Linear) in a PackedLinear; returns their dotted names. Wraps nothing (and returns []) if
     for any of their shapes the packed kernel's results differ from torch's linear."""
-    wrapped: list[tuple[nn.Module, str, str, PackedLinear]] = []
-    for name, child in list(module.named_modules()):
-        if isinstance(child, PackedLinear):
-            continue
-        for child_name, grandchild in child.named_children():
-            if (
-                type(grandchild) is nn.Linear
-                and grandchild.weight.device.type == "cpu"
-                and grandchild.weight.dtype == torch.bfloat16
-            ):
-                full = f"{name}.{child_name}" if name else child_name
-                wrapped.append((child, child_name, full, PackedLinear(grandchild)))
+    wrapped = [
+        (parent, child_name, full, PackedLinear(linear))
+        for parent, child_name, full, linear in linear_children(module, skip=PackedLinear)
+        if type(linear) is nn.Linear and linear.weight.device.type == "cpu" and linear.weight.dtype == torch.bfloat16
+    ]
     checked: dict[tuple[int, int, bool], bool] = {}
     for _, _, full, packed in wrapped:
         shape = (packed.in_features, packed.out_features, packed.bias is not None)
