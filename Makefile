@@ -51,6 +51,13 @@ bench: install
 bench-quick: install
 	$(PY) -m bench.serve_bench --quick $(BENCH_ARGS)
 
+# eagle-serve against llama.cpp's llama-server and vLLM's CPU build on the same weights and prompts
+# (bench/peers.py); the first run builds and installs the peers under the cache root, outside the
+# project's venv (--setup-only does just that). E.g. BENCH_ARGS="--servers llama-bf16,eagle".
+.PHONY: bench-peers
+bench-peers: install
+	$(PY) -m bench.peers $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache
 
