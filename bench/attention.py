@@ -27,8 +27,8 @@ from bench.engine_throughput import QUESTIONS, chat_prompts, engine_config, engi
 from bench.environment import write_result
 from eagle_core import LLM, SamplingParams
 from eagle_core.config import ModelConfig
-from eagle_core.worker import attention
-from eagle_core.worker.attention import single_query_attention
+from eagle_core.worker import attn_gather as attention
+from eagle_core.worker.attn_gather import single_query_attention
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 # (batch, new tokens per sequence, keys per sequence)

@@ -20,7 +20,7 @@ import transformers
 
 from bench.environment import machine_info, write_result
 from eagle_core import LLM, SamplingParams
-from eagle_core.config import EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
+from eagle_core.config import COMPILE_MODES, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -42,11 +42,11 @@ QUESTIONS = [
 ]
 
 
-def engine_config(model: str, dtype: str, max_num_seqs: int) -> EngineConfig:
+def engine_config(model: str, dtype: str, max_num_seqs: int, compile: str = "auto") -> EngineConfig:
     """Plain decoding (draft=None, not "auto", which would load the shipped head for the default
     model) with room for max_num_seqs requests at once."""
     return EngineConfig(
-        model=ModelConfig(model=model, dtype=dtype, max_model_len=2048),
+        model=ModelConfig(model=model, dtype=dtype, max_model_len=2048, compile=compile),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs),
         spec=SpecConfig(draft=None),
     )
@@ -116,6 +116,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--hf-prompts", type=int, default=4, help="prompts for the generate() row")
     parser.add_argument("--draft", default=None, help="EAGLE head: adds speculative rows")
+    parser.add_argument("--compile", default="auto", choices=COMPILE_MODES, help="the engines' --compile")
     parser.add_argument("--prompts", default=None, help="JSONL file with a 'prompt' per line "
                         "(e.g. the head's held-out prompts: the last lines of .cache/train/smollm2/prompts.jsonl, "
                         "made by `python -m eagle_core.train configs/train/smollm2.yaml --stages prompts`)")
@@ -124,7 +125,7 @@ def main() -> None:
     args = parser.parse_args()
 
     # The plain rows decode without a draft head; the EAGLE rows speculate at every batch size.
-    config = engine_config(args.model, args.dtype, max(args.concurrency))
+    config = engine_config(args.model, args.dtype, max(args.concurrency), args.compile)
     llm = LLM(model=args.model, dtype=args.dtype, config=config)
     questions = QUESTIONS
     if args.prompts:
@@ -182,7 +183,7 @@ def main() -> None:
         "rows": rows,
         "summary": summary,
     }
-    suffix = f"-{Path(args.prompts).stem}" if args.prompts else ""
+    suffix = (f"-{Path(args.prompts).stem}" if args.prompts else "") + (f"-compile-{args.compile}" if args.compile != "auto" else "")
     path = write_result(args.out, "engine", payload, suffix)
     print(json.dumps(summary), f"\nwritten to {path}")
 

@@ -15,6 +15,8 @@ AUTO_DRAFT = "auto"
 """Draft setting meaning: the head shipped with eagle-serve for the default model, none otherwise."""
 
 WEIGHT_PACKINGS = ("auto", "none")
+COMPILE_MODES = ("auto", "on", "off")
+ATTENTION_BACKENDS = ("auto", "paged", "gather")
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,22 @@ class ModelConfig:
     and EAGLE 1.13x as fast, with the same numbers, at the cost of the linears' memory twice
     over (worker/packed_linear.py); "none": torch's linears only."""
 
+    compile: str = "auto"
+    """"on": the target's and the draft head's forwards run compiled by torch.compile (inductor;
+    one graph each, built at start-up); "off": eagerly, for debugging; "auto": on for the CPU,
+    off on CUDA, where the compiled step is not verified yet."""
+    attention_backend: str = "auto"
+    """"paged": attention reads K/V in place from the paged cache (made for compilation);
+    "gather": copies each group's K/V out and runs sdpa (the reference); "auto": paged when
+    compiling, gather otherwise."""
+
     def __post_init__(self) -> None:
+        if self.compile not in COMPILE_MODES:
+            raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention_backend!r}"
+            )
         if self.weight_packing not in WEIGHT_PACKINGS:
             raise ValueError(
                 f"weight_packing must be one of {', '.join(WEIGHT_PACKINGS)}, got {self.weight_packing!r}"

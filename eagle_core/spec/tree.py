@@ -125,20 +125,33 @@ def expand_frontier(
     top_k: int,
     num_frontier: int | None = None,
 ) -> Expansion:
-    """Expand each frontier node into its `top_k` most likely children (EAGLE-2).
+    """Expand each frontier node into its `top_k` most likely children (EAGLE-2); see
+    `expand_top`, which takes the children already chosen."""
+    vocab = child_logprobs.shape[2]
+    if not 1 <= top_k <= vocab:
+        raise ValueError(f"top_k must be in [1, {vocab}], got {top_k}")
+    top = torch.topk(child_logprobs, top_k, dim=-1)  # values/indices [B, K, top_k]
+    return expand_top(frontier_scores, top.values, top.indices, top_k, num_frontier)
+
+
+def expand_top(
+    frontier_scores: torch.Tensor,  # [B, K]
+    top_logprobs: torch.Tensor,  # [B, K, top_k] each frontier node's best children, best first
+    top_ids: torch.Tensor,  # [B, K, top_k] their token ids
+    top_k: int,
+    num_frontier: int | None = None,
+) -> Expansion:
+    """Candidates from each frontier node's `top_k` best children.
 
     A candidate's score is its frontier node's score plus its own log-probability. The next
     frontier is the best `num_frontier` (default `top_k`, at most K * top_k) candidates; ties go
     to the earlier candidate, so the result is deterministic.
     """
-    batch, num_nodes, vocab = child_logprobs.shape
-    if not 1 <= top_k <= vocab:
-        raise ValueError(f"top_k must be in [1, {vocab}], got {top_k}")
-    top = torch.topk(child_logprobs, top_k, dim=-1)  # values/indices [B, K, top_k]
-    cand_scores = (frontier_scores[:, :, None] + top.values).reshape(batch, num_nodes * top_k)
-    cand_token_ids = top.indices.reshape(batch, num_nodes * top_k)
+    batch, num_nodes, _ = top_logprobs.shape
+    cand_scores = (frontier_scores[:, :, None] + top_logprobs).reshape(batch, num_nodes * top_k)
+    cand_token_ids = top_ids.reshape(batch, num_nodes * top_k)
     cand_frontier_idx = (
-        torch.arange(num_nodes, device=child_logprobs.device)
+        torch.arange(num_nodes, device=top_logprobs.device)
         .repeat_interleave(top_k)
         .expand(batch, num_nodes * top_k)
     )

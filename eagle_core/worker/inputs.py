@@ -1,4 +1,18 @@
-"""Building one packed forward's inputs from several sequences' new tokens."""
+"""What one forward computes: groups of sequences whose new tokens have the same shape.
+
+A forward (of the target or of the draft head) packs several `SeqGroup`s into one row of
+tokens, group after group, each group row-major ([B, Q] -> B * Q tokens). An attention backend
+(worker/attention.py) turns the groups into the tensors its kernels read, once per forward.
+
+Visibility, the one rule every backend implements: new token i of row b is stored at KV position
+`start_pos[b] + i` and attends to
+- every position <= its own (causal), when the group has no tail mask;
+- with a tail mask, every position < committed_len[b], and the positions committed_len[b] + j
+  (j < W) where tail_mask[b, i, j] is True. W = start_pos[b] + Q - committed_len[b]: the tail
+  ends at the group's last new token. A verified draft tree passes its ancestor mask
+  (committed_len = start_pos, W = Q); the draft head's deeper tree levels also see the entries
+  of earlier levels (W = level * Q).
+"""
 
 from __future__ import annotations
 
@@ -6,116 +20,65 @@ from dataclasses import dataclass
 
 import torch
 
-from eagle_core.worker.attention import AttentionMetadata, AttnGroup
-
 
 @dataclass
-class SeqInput:
-    """One sequence's new tokens in a forward.
-
-    New token i is stored at KV position start_pos + i. Its RoPE position is
-    rope_positions[i] (defaults to start_pos + i; a draft tree uses context length + depth).
-    It attends to every stored position < committed_len (defaults to start_pos), and to the
-    positions committed_len + j, j < start_pos + Q - committed_len, where tail_mask[i, j] is
-    True. The default tail mask is causal over the new tokens; a verified tree passes its
-    ancestor mask; the draft head's deeper tree levels also see earlier levels' entries.
-    """
-
-    token_ids: torch.Tensor  # [Q] long
-    start_pos: int
-    block_table: list[int]
-    rope_positions: torch.Tensor | None = None  # [Q] long
-    committed_len: int | None = None
-    tail_mask: torch.Tensor | None = None  # [Q, start_pos + Q - committed_len] bool
+class SeqGroup:
+    token_ids: torch.Tensor  # [B, Q] long
+    start_pos: torch.Tensor  # [B] long, on the host
+    block_tables: torch.Tensor  # [B, MB] long, on the host: KV blocks of each row (0-padded)
+    key_len: int
+    """Key positions 0 .. key_len - 1 cover every position a token of the group may see."""
+    positions: torch.Tensor | None = None  # [B, Q] long RoPE positions; None: start_pos + i
+    committed_len: torch.Tensor | None = None  # [B] long; with tail_mask
+    tail_mask: torch.Tensor | None = None  # [B, Q, W] bool; None: causal
 
     @property
-    def tail_len(self) -> int:
-        committed = self.start_pos if self.committed_len is None else self.committed_len
-        return self.start_pos + len(self.token_ids) - committed
+    def shape(self) -> tuple[int, int]:
+        return self.token_ids.shape[0], self.token_ids.shape[1]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.token_ids.numel()
+
+    def rope_positions(self) -> torch.Tensor:  # [B, Q] long
+        if self.positions is not None:
+            return self.positions
+        num_new = self.token_ids.shape[1]
+        return self.start_pos.to(self.token_ids.device)[:, None] + torch.arange(num_new, device=self.token_ids.device)
+
+
+def block_table_tensor(tables: list[list[int]], num_blocks: int | None = None) -> torch.Tensor:
+    """[len(tables), num_blocks] long, rows 0-padded (num_blocks defaults to the longest)."""
+    width = max(1, num_blocks if num_blocks is not None else max((len(t) for t in tables), default=1))
+    out = torch.zeros(len(tables), width, dtype=torch.long)
+    for row, table in enumerate(tables):
+        used = table[:width]
+        if used:
+            out[row, : len(used)] = torch.tensor(used, dtype=torch.long)
+    return out
+
+
+def causal_group(token_ids: list[list[int]], start_pos: list[int], tables: list[list[int]], block_size: int) -> SeqGroup:
+    """B sequences with the same number Q of new tokens, causal (prefill chunks, decode tokens)."""
+    num_new = len(token_ids[0])
+    key_len = max(start_pos) + num_new
+    return SeqGroup(
+        token_ids=torch.tensor(token_ids, dtype=torch.long),
+        start_pos=torch.tensor(start_pos, dtype=torch.long),
+        block_tables=block_table_tensor(tables, -(-key_len // block_size)),
+        key_len=key_len,
+    )
 
 
 @dataclass
-class ForwardInputs:
-    input_ids: torch.Tensor  # [1, T]
-    position_ids: torch.Tensor  # [1, T]
-    meta: AttentionMetadata
+class ForwardBatch:
+    """The packed inputs of one forward, as an attention backend prepared them."""
+
+    input_ids: torch.Tensor  # [T] long
+    positions: torch.Tensor  # [T] long
+    meta: object
+    """The backend's attention metadata; its `attend` runs one layer's attention."""
     offsets: list[int]
-    """offsets[s] = index of sequence s's first new token in the packed row."""
-
-
-def build_inputs(seqs: list[SeqInput], block_size: int, device: torch.device) -> ForwardInputs:
-    offsets, total = [], 0
-    for seq in seqs:
-        offsets.append(total)
-        total += len(seq.token_ids)
-    # Draft-tree tensors may already live on the device while plain tokens are built on the
-    # host: move each piece before concatenating.
-    input_ids = torch.cat([seq.token_ids.to(device) for seq in seqs])
-    position_ids = torch.cat(
-        [
-            seq.rope_positions.to(device)
-            if seq.rope_positions is not None
-            else torch.arange(seq.start_pos, seq.start_pos + len(seq.token_ids), device=device)
-            for seq in seqs
-        ]
-    )
-    slot_mapping = torch.empty(total, dtype=torch.long, device=device)
-
-    by_shape: dict[tuple[int, int], list[int]] = {}
-    for index, seq in enumerate(seqs):
-        by_shape.setdefault((len(seq.token_ids), seq.tail_len), []).append(index)
-    groups = []
-    for (q_len, tail_len), members in by_shape.items():
-        group, new_slots = _build_group(
-            [seqs[m] for m in members], [offsets[m] for m in members], q_len, tail_len, block_size, device
-        )
-        slot_mapping[group.query_index.reshape(-1)] = new_slots.reshape(-1)
-        first = offsets[members[0]]
-        if all(offsets[m] == first + i * q_len for i, m in enumerate(members)):
-            group.first_token = first
-        groups.append(group)
-    meta = AttentionMetadata(slot_mapping=slot_mapping, groups=groups)
-    return ForwardInputs(input_ids.unsqueeze(0), position_ids.unsqueeze(0), meta, offsets)
-
-
-def _build_group(
-    seqs: list[SeqInput], offsets: list[int], q_len: int, tail_len: int, block_size: int, device: torch.device
-) -> tuple[AttnGroup, torch.Tensor]:
-    """One attention group (sequences with q_len new tokens and tail_len masked tail positions
-    each) and its new tokens' slots [B, Q]."""
-    batch = len(seqs)
-    starts = torch.tensor([s.start_pos for s in seqs], device=device)  # [B]
-    key_len = int(starts.max().item()) + q_len
-    num_blocks = -(-key_len // block_size)
-    tables = torch.zeros(batch, num_blocks, dtype=torch.long)
-    for row, seq in enumerate(seqs):
-        used = seq.block_table[:num_blocks]
-        tables[row, : len(used)] = torch.tensor(used, dtype=torch.long)
-    tables = tables.to(device)
-    cols = torch.arange(key_len, device=device)  # [L]
-    key_slots = tables[:, cols // block_size] * block_size + cols % block_size  # [B, L]
-
-    arange_q = torch.arange(q_len, device=device)
-    query_index = torch.tensor(offsets, device=device)[:, None] + arange_q  # [B, Q]
-    new_slots = key_slots.gather(1, starts[:, None] + arange_q)  # [B, Q]
-
-    causal = torch.ones(q_len, q_len, dtype=torch.bool, device=device).tril()  # default tail
-    if all(s.tail_mask is None for s in seqs):
-        tail_mask = causal.expand(batch, -1, -1)
-    else:
-        tail_mask = torch.stack(
-            [causal if s.tail_mask is None else s.tail_mask.to(device) for s in seqs]
-        )  # [B, Q, W]
-    committed = torch.tensor(
-        [s.start_pos if s.committed_len is None else s.committed_len for s in seqs], device=device
-    )  # [B]
-    # Key column c is committed context when c < committed, tail position c - committed when
-    # that is < W, and padding beyond.
-    rel = cols[None, :] - committed[:, None]  # [B, L]
-    in_tail = (rel >= 0) & (rel < tail_len)
-    tail_part = tail_mask.gather(2, rel.clamp(0, tail_len - 1)[:, None, :].expand(batch, q_len, key_len))
-    mask = (rel < 0)[:, None, :] | (tail_part & in_tail[:, None, :])  # [B, Q, L]
-    # A mask that allows everything (one decoding sequence) is dropped: sdpa then takes its
-    # faster unmasked path.
-    full = bool(mask.all())
-    return AttnGroup(query_index, key_slots, None if full else mask.unsqueeze(1)), new_slots
+    """offsets[g] = index of group g's first token in the packed row."""
+    num_tokens: int
+    """Real tokens; a backend may pad input_ids past them."""

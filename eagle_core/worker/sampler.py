@@ -6,27 +6,26 @@ import torch
 
 from eagle_core import sampling
 from eagle_core.batch import SeqWork, TokenLogprob
-from eagle_core.sampling_params import SamplingParams
 
 
 class Sampler:
-    """Owns one torch.Generator per request, so a seeded request draws the same numbers alone or
-    in any batch. Generators survive preemption (the recompute continues the same stream)."""
+    """Owns each request's random key (its seed, or a random one), the only sampling state a
+    request has: its draws are a function of (key, output position), see eagle_core/sampling.py."""
 
     def __init__(self, device: torch.device):
         self.device = device
-        self._generators: dict[str, torch.Generator] = {}
+        self._keys: dict[str, int] = {}
 
-    def generator(self, request_id: str, params: SamplingParams) -> torch.Generator:
-        gen = self._generators.get(request_id)
-        if gen is None:
-            gen = sampling.make_generator(params.seed, self.device)
-            self._generators[request_id] = gen
-        return gen
+    def key(self, work: SeqWork) -> int:
+        key = self._keys.get(work.request_id)
+        if key is None:
+            key = sampling.request_key(work.params.seed)
+            self._keys[work.request_id] = key
+        return key
 
     def drop(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
-            self._generators.pop(request_id, None)
+            self._keys.pop(request_id, None)
 
     def process(
         self,
@@ -43,15 +42,27 @@ class Sampler:
         )
         return sampling.processed_probs(logits, params)
 
-    def sample(
-        self, logits: torch.Tensor, works: list[SeqWork]  # logits: [R, vocab] float32
-    ) -> tuple[list[int], list[TokenLogprob | None]]:
-        """One new token per row (plain decoding)."""
-        probs = self.process(logits, works, [w.output_token_ids for w in works])  # [R, vocab]
+    def draw(
+        self,
+        logits: torch.Tensor,  # [R, vocab] float32 raw logits, one row per position to sample
+        works: list[SeqWork],  # the request of each row
+        histories: list[list[int]] | None = None,  # output tokens before each row; None: output so far
+        depths: torch.Tensor | None = None,  # [R] long: a tree node's depth below its root; None: 0
+    ) -> torch.Tensor:  # [R] long, on the device
+        """One token per row from the row's processed distribution, without a host sync. A row
+        at depth d samples output position len(output) + d. Rows of greedy requests without
+        penalties or held-back stop tokens are a plain argmax."""
+        if all(w.params.greedy and not w.params.needs_penalties and not w.holds_back_stop_tokens for w in works):
+            return logits.argmax(dim=1)
+        if histories is None:
+            histories = [w.output_token_ids for w in works]
+        probs = self.process(logits, works, histories)  # [R, vocab]
         greedy = [w.params.greedy for w in works]
-        generators = [self.generator(w.request_id, w.params) for w in works]
-        token_ids = sampling.sample(probs, generators, greedy)
-        return token_ids, self.logprobs(logits, token_ids, works)
+        keys = torch.tensor([self.key(w) for w in works], dtype=torch.long)
+        positions = torch.tensor([len(w.output_token_ids) for w in works], dtype=torch.long).to(logits.device)
+        if depths is not None:
+            positions = positions + depths.to(logits.device)
+        return sampling.draw(probs, keys, positions, greedy)
 
     @staticmethod
     def logprobs(logits: torch.Tensor, token_ids: list[int], works: list[SeqWork]) -> list[TokenLogprob | None]:

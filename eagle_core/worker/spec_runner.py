@@ -8,9 +8,11 @@ Per step:
      where these occurred before (spec/lookup.py); above --spec-max-batch, where the head
      drafts nothing, such a chain is the whole tree;
   3. ONE target forward over prefill chunks, plain decode tokens and every tree (tree mask,
-     depth-based positions);
-  4. verification per sequence (greedy or lossless sampling), KV compaction of the accepted path,
-     and the committed tokens' target features handed back to the drafter.
+     depth-based positions), with logits at every plain sequence's last token and every tree
+     node;
+  4. one draw per logit row (argmax, or the request's own generator), verification of every tree
+     at once (spec/verify.py), then ONE transfer of the step's tokens to the host; KV compaction
+     of the accepted paths, and the committed tokens' target features handed to the drafter.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from eagle_core.batch import ScheduledBatch, SeqResult, SeqWork, StepResult
 from eagle_core.spec.drafter import Drafter
 from eagle_core.spec.lookup import ContextLookup, graft_chain
 from eagle_core.spec.tree import DraftTree
-from eagle_core.spec.verify import Verification, verify_greedy, verify_sampling
-from eagle_core.worker.inputs import SeqInput
-from eagle_core.worker.model_runner import TargetModel, sample_last_tokens, work_input
+from eagle_core.spec.verify import accepted_path, path_result
+from eagle_core.worker.inputs import SeqGroup, block_table_tensor
+from eagle_core.worker.model_runner import TargetModel, last_token_rows, pack_works
 from eagle_core.worker.sampler import Sampler
 
 
@@ -33,8 +35,6 @@ class SpecRunner:
         self.sampler = sampler
         self.drafter = drafter
         self.lookup = lookup
-        self.layer_ids = getattr(drafter.head, "layer_ids", None)
-        """EAGLE-3 reads three intermediate layers; EAGLE-1/2 the final-norm output."""
 
     def execute(self, batch: ScheduledBatch) -> StepResult:
         self.sampler.drop(batch.finished_request_ids)
@@ -43,35 +43,74 @@ class SpecRunner:
         if batch.is_empty:
             return StepResult()
         works = batch.seqs
-        root_hidden = self.drafter.catch_up(works)
-        head_rows = [i for i, w in enumerate(works) if w.drafts_with_head and w.request_id in root_hidden]
+        roots = self.drafter.catch_up(works)
+        head_rows = [i for i, w in enumerate(works) if w.drafts_with_head and w.request_id in roots]
         trees: dict[int, DraftTree] = {}
         if head_rows:
-            head_works = [works[i] for i in head_rows]
-            stacked = torch.stack([root_hidden[w.request_id] for w in head_works])  # [B, hidden]
-            trees = dict(zip(head_rows, self.drafter.build_trees(head_works, stacked)))
+            fed = [roots[works[i].request_id] for i in head_rows]
+            root_hidden = torch.stack([f.hidden for f in fed])  # [B, hidden]
+            root_top = (torch.stack([f.top_logprobs for f in fed]), torch.stack([f.top_ids for f in fed]))  # [B, top_k]
+            trees = dict(zip(head_rows, self.drafter.build_trees([works[i] for i in head_rows], root_hidden, root_top)))
         if self.lookup.max_tokens:
             self._graft_lookup(works, trees)
 
-        seqs = [self._tree_input(w, trees[i]) if i in trees else work_input(w) for i, w in enumerate(works)]
-        hidden, offsets, all_hidden = self.target.forward(seqs, output_hidden_states=self.layer_ids is not None)
-        features = self._features(hidden, all_hidden)  # [T, feature]
-
-        results: dict[str, SeqResult] = {}
-        plain = [i for i, w in enumerate(works) if w.sample and i not in trees]
-        results.update(sample_last_tokens(self.target, self.sampler, hidden, offsets, works, plain))
-        if trees:
-            # One LM-head matmul over every tree node of every sequence: [sum of N, vocab].
-            rows = torch.cat([torch.arange(trees[i].num_nodes) + offsets[i] for i in trees]).to(hidden.device)
-            logits = self.target.logits(hidden[rows])
-            argmax = logits.argmax(dim=-1).tolist()
-            start = 0
-            for i, tree in trees.items():
-                end = start + tree.num_nodes
-                results[works[i].request_id] = self._verify(works[i], tree, logits[start:end], argmax[start:end])
-                start = end
-        self._commit(works, trees, results, features, offsets)
+        plain = [i for i in range(len(works)) if i not in trees]
+        groups, offsets = self._groups(works, plain, trees)
+        sampled = [i for i in plain if works[i].sample]
+        tree_order = list(trees)
+        rows = torch.cat(
+            [last_token_rows(works, offsets, sampled)]
+            + [torch.arange(trees[i].num_nodes) + offsets[i] for i in tree_order]
+        )
+        out = self.target.forward(groups, rows)
+        row_works = [works[i] for i in sampled] + [works[i] for i in tree_order for _ in range(trees[i].num_nodes)]
+        histories = self._histories(works, sampled, trees, tree_order)
+        depths = torch.cat(
+            [torch.zeros(len(sampled), dtype=torch.long, device=out.logits.device)]
+            + [trees[i].depths[0].to(out.logits.device) for i in tree_order]
+        )  # [R] each row's depth below its root
+        drawn = self.sampler.draw(out.logits, row_works, histories, depths)  # [R]
+        results = self._results(works, sampled, trees, tree_order, drawn, out.logits)
+        self._commit(works, trees, results, out.features, offsets)
         return StepResult(results)
+
+    def _groups(
+        self, works: list[SeqWork], plain: list[int], trees: dict[int, DraftTree]
+    ) -> tuple[list[SeqGroup], list[int]]:
+        """The target forward's groups (plain works as in PlainRunner, then trees of equal size
+        together) and each work's first packed index."""
+        groups, plain_offsets = pack_works([works[i] for i in plain], self.target.block_size)
+        offsets = [0] * len(works)
+        total = sum(g.num_tokens for g in groups)
+        for i, offset in zip(plain, plain_offsets):
+            offsets[i] = offset
+        by_size: dict[int, list[int]] = {}
+        for i, tree in trees.items():
+            by_size.setdefault(tree.num_nodes, []).append(i)
+        for size, members in by_size.items():
+            groups.append(self._tree_group([works[i] for i in members], [trees[i] for i in members]))
+            for k, i in enumerate(members):
+                offsets[i] = total + k * size
+            total += len(members) * size
+        return groups, offsets
+
+    def _tree_group(self, works: list[SeqWork], trees: list[DraftTree]) -> SeqGroup:
+        """Trees of N nodes each: node n is stored at start + n (the slots the scheduler
+        reserved), sits at RoPE position start + depth and sees the context and its ancestors."""
+        for work, tree in zip(works, trees):
+            assert tree.num_nodes <= work.num_draft_slots + 1, (tree.num_nodes, work.num_draft_slots)
+        num_nodes = trees[0].num_nodes
+        starts = torch.tensor([w.start_pos for w in works])  # [B]
+        device = trees[0].token_ids.device
+        return SeqGroup(
+            token_ids=torch.cat([t.token_ids for t in trees]),  # [B, N]
+            start_pos=starts,
+            block_tables=block_table_tensor([w.block_table for w in works]),
+            key_len=int(starts.max()) + num_nodes,
+            positions=starts.to(device)[:, None] + torch.cat([t.depths for t in trees]),
+            committed_len=starts,
+            tail_mask=torch.cat([t.ancestor_mask for t in trees]),  # [B, N, N]
+        )
 
     def _graft_lookup(self, works: list[SeqWork], trees: dict[int, DraftTree]) -> None:
         """Graft each decode step's lookup chain onto its head tree in `trees`, or make it the
@@ -105,66 +144,88 @@ class SpecRunner:
                     torch.tensor([parents], device=self.drafter.device),  # [1, N]
                 )
 
-    def _tree_input(self, work: SeqWork, tree: DraftTree) -> SeqInput:
-        # The tree's nodes past the root are written into the KV slots the scheduler reserved.
-        assert tree.num_nodes <= work.num_draft_slots + 1, (tree.num_nodes, work.num_draft_slots)
-        start = work.start_pos
-        return SeqInput(
-            token_ids=tree.token_ids[0],
-            start_pos=start,
-            block_table=work.block_table,
-            rope_positions=start + tree.depths[0],
-            committed_len=start,
-            tail_mask=tree.ancestor_mask[0],
-        )
-
-    def _features(self, hidden: torch.Tensor, all_hidden) -> torch.Tensor:
-        if self.layer_ids is None:
-            return hidden  # [T, hidden]: the final norm's output, the LM head's input
-        return torch.cat([all_hidden[i][0] for i in self.layer_ids], dim=-1)  # [T, 3 * hidden]
-
-    def _verify(
-        self,
-        work: SeqWork,
-        tree: DraftTree,
-        logits: torch.Tensor,  # [N, vocab] float32, the target at every node
-        argmax: list[int],  # [N]
-    ) -> SeqResult:
-        num_nodes = tree.num_nodes
-        limit = [work.max_new_tokens]
-        if work.params.greedy and not work.params.needs_penalties and not work.holds_back_stop_tokens:
-            verification = verify_greedy(tree, torch.tensor([argmax]), limit)
-        else:
-            probs = self.sampler.process(logits, [work] * num_nodes, self._histories(work, tree))
-            generator = self.sampler.generator(work.request_id, work.params)
-            verification = verify_sampling(tree, probs[None], [generator], limit)
-        return self._result(work, tree, logits, verification)
-
     @staticmethod
-    def _histories(work: SeqWork, tree: DraftTree) -> list[list[int]]:
-        """Output tokens preceding each node's sample: output so far + the path below the root."""
-        parents = tree.parents[0].tolist()
-        tokens = tree.token_ids[0].tolist()
-        histories = [list(work.output_token_ids)]
-        for node in range(1, tree.num_nodes):
-            histories.append(histories[parents[node]] + [tokens[node]])
+    def _histories(
+        works: list[SeqWork], sampled: list[int], trees: dict[int, DraftTree], tree_order: list[int]
+    ) -> list[list[int]] | None:
+        """Output tokens preceding each logit row's sample (output so far, plus the path below
+        the root for tree nodes); None when no row needs them (no penalties, no min_tokens)."""
+        rows = [works[i] for i in sampled] + [works[i] for i in tree_order]
+        if not any(w.params.needs_penalties or w.holds_back_stop_tokens for w in rows):
+            return None
+        histories = [list(works[i].output_token_ids) for i in sampled]
+        for i in tree_order:
+            tree = trees[i]
+            parents, tokens = tree.parents[0].tolist(), tree.token_ids[0].tolist()
+            own = [list(works[i].output_token_ids)]
+            for node in range(1, tree.num_nodes):
+                own.append(own[parents[node]] + [tokens[node]])
+            histories += own
         return histories
 
-    def _result(self, work: SeqWork, tree: DraftTree, logits: torch.Tensor, verification: Verification) -> SeqResult:
-        accepted = verification.accepted_nodes[0]
-        new_tokens = verification.new_token_ids[0]
-        logprobs = None
-        if work.params.logprobs is not None:
-            path = torch.tensor([0, *accepted][: len(new_tokens)], device=logits.device)
-            logprobs = self.sampler.logprobs(logits[path], new_tokens, [work] * len(new_tokens))
-        return SeqResult(
-            work.request_id,
-            new_tokens,
-            num_draft_tokens=tree.num_nodes - 1,
-            num_accepted_tokens=len(accepted),
-            logprobs=logprobs,
-            accepted_nodes=accepted,
-        )
+    def _results(
+        self,
+        works: list[SeqWork],
+        sampled: list[int],
+        trees: dict[int, DraftTree],
+        tree_order: list[int],
+        drawn: torch.Tensor,  # [R] the token drawn at every logit row
+        logits: torch.Tensor,  # [R, vocab]
+    ) -> dict[str, SeqResult]:
+        """Verify every tree at once and bring the step's tokens to the host in one transfer."""
+        num_plain = len(sampled)
+        parts = [drawn]
+        if tree_order:
+            tree = _padded_trees([trees[i] for i in tree_order])  # [S, N]
+            node_rows = _node_rows([trees[i].num_nodes for i in tree_order], tree.num_nodes, num_plain)
+            node_drawn = drawn[node_rows.to(drawn.device)]  # [S, N]
+            last, on_path = accepted_path(tree, node_drawn)
+            parts += [last, on_path.reshape(-1).long(), tree.token_ids.reshape(-1)]
+        host = torch.cat(parts).tolist()  # the step's one device-to-host transfer
+        results: dict[str, SeqResult] = {}
+        for k, i in enumerate(sampled):
+            results[works[i].request_id] = SeqResult(works[i].request_id, [host[k]])
+        logprob_rows: dict[str, list[int]] = {}
+        if tree_order:
+            num_trees, width = len(tree_order), tree.num_nodes
+            base = len(drawn)
+            lasts = host[base : base + num_trees]
+            paths = host[base + num_trees : base + num_trees + num_trees * width]
+            tokens = host[base + num_trees + num_trees * width :]
+            first_row = num_plain
+            for k, i in enumerate(tree_order):
+                work = works[i]
+                row_tokens = tokens[k * width : (k + 1) * width]
+                bonus = host[first_row + lasts[k]]
+                nodes, new_tokens = path_result(paths[k * width : (k + 1) * width], row_tokens, bonus, work.max_new_tokens)
+                results[work.request_id] = SeqResult(
+                    work.request_id,
+                    new_tokens,
+                    num_draft_tokens=trees[i].num_nodes - 1,
+                    num_accepted_tokens=len(nodes),
+                    accepted_nodes=nodes,
+                )
+                logprob_rows[work.request_id] = [first_row + n for n in [0, *nodes][: len(new_tokens)]]
+                first_row += trees[i].num_nodes
+        for k, i in enumerate(sampled):
+            logprob_rows[works[i].request_id] = [k]
+        self._add_logprobs(works, results, logprob_rows, logits)
+        return results
+
+    def _add_logprobs(self, works, results, logprob_rows, logits) -> None:
+        """Log-probabilities of the emitted tokens, for the requests that asked for them."""
+        wanted = [w for w in works if w.params.logprobs is not None and w.request_id in results]
+        if not wanted:
+            return
+        rows = [r for w in wanted for r in logprob_rows[w.request_id]]
+        tokens = [t for w in wanted for t in results[w.request_id].new_token_ids]
+        row_works = [w for w in wanted for _ in logprob_rows[w.request_id]]
+        logprobs = self.sampler.logprobs(logits[torch.tensor(rows, device=logits.device)], tokens, row_works)
+        start = 0
+        for work in wanted:
+            count = len(results[work.request_id].new_token_ids)
+            results[work.request_id].logprobs = logprobs[start : start + count]
+            start += count
 
     def _commit(self, works, trees, results, features: torch.Tensor, offsets: list[int]) -> None:
         """Keep the accepted paths' KV and hand the committed tokens' features to the drafter."""
@@ -176,13 +237,40 @@ class SpecRunner:
                 moves = accepted_path_moves(work.block_table, work.start_pos, accepted, self.target.block_size)
                 src += moves[0]
                 dst += moves[1]
+                index = torch.tensor([offsets[i] + r for r in rows], device=features.device)
+                self.drafter.record(work.request_id, features[index])
             else:
-                rows = list(range(len(work.token_ids)))
-            index = torch.tensor([offsets[i] + r for r in rows], device=features.device)
-            self.drafter.record(work.request_id, features[index])
+                self.drafter.record(work.request_id, features[offsets[i] : offsets[i] + len(work.token_ids)])
         if src:
             device = features.device
             self.target.kv.move(torch.tensor(src, device=device), torch.tensor(dst, device=device))
+
+
+def _padded_trees(trees: list[DraftTree]) -> DraftTree:
+    """One [S, N] batch of single-sequence trees, N the largest; padding nodes carry token -1
+    (never accepted), hang off the root and see only themselves."""
+    width = max(t.num_nodes for t in trees)
+    device = trees[0].token_ids.device
+    token_ids = torch.full((len(trees), width), -1, dtype=torch.long, device=device)
+    parents = torch.zeros(len(trees), width, dtype=torch.long, device=device)
+    depths = torch.ones(len(trees), width, dtype=torch.long, device=device)
+    mask = torch.eye(width, dtype=torch.bool, device=device).repeat(len(trees), 1, 1)
+    for s, tree in enumerate(trees):
+        n = tree.num_nodes
+        token_ids[s, :n] = tree.token_ids[0]
+        parents[s, :n] = tree.parents[0]
+        depths[s, :n] = tree.depths[0]
+        mask[s, :n, :n] = tree.ancestor_mask[0]
+    return DraftTree(token_ids, parents, depths, mask)
+
+
+def _node_rows(sizes: list[int], width: int, first: int) -> torch.Tensor:
+    """[S, width] logit row of every node (tree s's rows follow tree s-1's, from `first`);
+    padding nodes point at their tree's root row."""
+    starts = torch.tensor(sizes).cumsum(0) - torch.tensor(sizes) + first  # [S]
+    nodes = torch.arange(width)[None, :].expand(len(sizes), width)
+    nodes = torch.where(nodes < torch.tensor(sizes)[:, None], nodes, 0)
+    return starts[:, None] + nodes
 
 
 def accepted_path_moves(

@@ -32,6 +32,7 @@ from eagle_core.worker.model_runner import PlainRunner, TargetModel, kv_shape
 from eagle_core.worker.packed_linear import pack_linears, wants_packing
 from eagle_core.worker.sampler import Sampler
 from eagle_core.worker.spec_runner import SpecRunner
+from eagle_core.worker.warm_up import warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +56,13 @@ class Worker:
         self.model_name = loaded.name
         self.device = loaded.device
         self.dtype = loaded.dtype
+        self.compiled = wants_compile(config.model.compile, self.device)
+        """Whether the target's and the draft head's forwards run through torch.compile."""
+        self.attention_backend = resolve_attention_backend(config.model.attention_backend, self.compiled)
         self.packed_weights = False
-        """Whether the target's (and the draft head's) bf16 linears run on oneDNN-packed weights."""
-        if wants_packing(config.model.weight_packing, self.device, self.dtype, cpu_has_amx_bf16()):
+        """Whether the target's (and the draft head's) bf16 linears run on oneDNN-packed weights
+        (eager forwards only: compiled ones get packed weights from inductor's freezing)."""
+        if not self.compiled and wants_packing(config.model.weight_packing, self.device, self.dtype, cpu_has_amx_bf16()):
             packed = pack_linears(loaded.model)
             self.packed_weights = bool(packed)
             if packed:
@@ -66,24 +71,34 @@ class Worker:
         generation_config = getattr(loaded.model, "generation_config", None)
         self.generation_eos = getattr(generation_config, "eos_token_id", None)
         cache = self.config.cache
-        self.target = TargetModel(loaded, cache.kv_cache_tokens, cache.block_size)
+        self.draft_head = self._load_draft_head(loaded) if self.config.spec.draft else None
+        self.target = TargetModel(
+            loaded,
+            cache.kv_cache_tokens,
+            cache.block_size,
+            self.attention_backend,
+            self.compiled,
+            feature_layers=getattr(self.draft_head, "layer_ids", None),
+        )
         self.sampler = Sampler(self.device)
         self.num_tree_slots = 0
         """Draft-head tree tokens per decoding sequence per step (tree size minus its root)."""
         self.num_lookup_slots = 0
         """Context-lookup tokens per decoding sequence per step, on top of the tree."""
-        self.draft_head = None
         self.draft_weights: str | None = None
         """"int8" or the model dtype's name once a draft head is loaded (eagle_model_info)."""
-        if self.config.spec.draft:
-            self.runner = self._spec_runner(loaded)
+        if self.draft_head is not None:
+            self.runner = self._spec_runner()
         else:
             self.runner = PlainRunner(self.target, self.sampler)
         logger.info(
-            "model %s on %s (%s); max_model_len %d; KV %d tokens in %d-token blocks",
+            "model %s on %s (%s); max_model_len %d; KV %d tokens in %d-token blocks; %s attention%s",
             self.model_name, self.device, dtype_name(self.dtype),
             self.config.model.max_model_len, cache.kv_cache_tokens, cache.block_size,
+            self.attention_backend, ", compiled" if self.compiled else "",
         )
+        self.warm_up_seconds = warm_up(self.runner) if self.compiled else 0.0
+        """Time the start-up spent compiling (or loading compiled graphs from the cache)."""
 
     @property
     def num_draft_slots(self) -> int:
@@ -94,7 +109,7 @@ class Worker:
         return self.runner.execute(batch)
 
     def _quantize_draft(self, mode: str) -> bool:
-        if not wants_int8(mode, self.device, self.dtype):
+        if not wants_int8(mode, self.device, self.dtype) or (mode == "auto" and self.compiled):
             return False
         if self.device.type != "cpu" or self.dtype != torch.bfloat16:
             raise ModelLoadError(
@@ -102,6 +117,8 @@ class Worker:
                 f"int8 kernel); this one is {dtype_name(self.dtype)} on "
                 f"{self.device}: use none"
             )
+        if self.compiled:
+            raise ModelLoadError("draft_quantization int8 runs eagerly only: use --compile off, or none")
         # The fc's input mixes raw target hidden states, outlier channels included: see SpecConfig.
         row_limit = INT8_ROWS_BESIDE_PACKED if self.packed_weights else INT8_ROW_LIMIT
         replaced, left = quantize_linears(self.draft_head, keep=("fc",), row_limit=row_limit)
@@ -110,17 +127,19 @@ class Worker:
                            self.dtype, ", ".join(left))
         return bool(replaced)
 
-    def _spec_runner(self, loaded) -> SpecRunner:
-        spec = self.config.spec
-        self.draft_head = load_draft_head(
-            spec.draft,
+    def _load_draft_head(self, loaded):
+        return load_draft_head(
+            self.config.spec.draft,
             loaded.model.config,
-            self.target.embed_tokens,
-            self.target.lm_head,
+            loaded.model.get_input_embeddings(),
+            loaded.model.get_output_embeddings(),
             self.dtype,
             self.device,
             attn_implementation=attention.ATTN_NAME,
         )
+
+    def _spec_runner(self) -> SpecRunner:
+        spec = self.config.spec
         quantized = self._quantize_draft(spec.draft_quantization)
         if self.packed_weights:  # after int8: it packs the bf16 linears int8 falls back on, too
             pack_linears(self.draft_head)
@@ -134,6 +153,8 @@ class Worker:
             max_num_seqs=self.config.scheduler.max_num_seqs,
             dtype=self.dtype,
             device=self.device,
+            attention_backend=self.attention_backend,
+            compile=self.compiled,
         )
         self.num_tree_slots = spec.num_draft_tokens - 1
         self.num_lookup_slots = spec.lookup_tokens
@@ -146,6 +167,22 @@ class Worker:
             _lookup_alone(spec),
         )
         return SpecRunner(self.target, self.sampler, drafter, ContextLookup(spec.lookup_tokens))
+
+
+def wants_compile(mode: str, device: torch.device) -> bool:
+    """--compile: "on" compiles, "off" does not; "auto" compiles on the CPU, where the compiled
+    step is tested and measured. On CUDA it is not yet verified (no CUDA graphs either), so
+    "auto" keeps the eager path there until a GPU run shows the compiled one works."""
+    if mode == "auto":
+        return device.type == "cpu"
+    return mode == "on"
+
+
+def resolve_attention_backend(name: str, compiled: bool) -> str:
+    """--attention-backend auto: the in-place backend when compiling, the reference otherwise."""
+    if name == "auto":
+        return "paged" if compiled else "gather"
+    return name
 
 
 def _lookup_alone(spec: SpecConfig) -> str:

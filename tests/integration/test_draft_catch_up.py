@@ -45,7 +45,7 @@ def _run(drafter, request_id, tokens, features, blocks, drafting_steps) -> dict[
         work = _work(request_id, tokens, t, blocks, drafts=t in drafting_steps)
         got = drafter.catch_up([work])
         if t in drafting_steps and t > 0:
-            out[t] = got[request_id].clone()
+            out[t] = got[request_id].hidden.clone()
         else:
             assert request_id not in got  # not drafting: nothing fed, entries stay owed
         drafter.record(request_id, features[t : t + 1])  # the target committed tokens[t]

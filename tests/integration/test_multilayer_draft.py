@@ -86,7 +86,7 @@ def test_paged_drafting_matches_the_heads_own_forward(target_dir, head_dir):
     for t in range(n):
         out = drafter.catch_up([_decode_work(tokens, t, blocks)])
         if t > 0:
-            fed[t] = out["r"]  # the entry at t - 1: reads token t and feature t - 1
+            fed[t] = out["r"].hidden  # the entry at t - 1: reads token t and feature t - 1
         drafter.record("r", features[t : t + 1])
     with torch.no_grad():
         expected = reference(

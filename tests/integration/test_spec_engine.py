@@ -11,7 +11,6 @@ from scipy import stats
 
 from eagle_core import SamplingParams, SpecConfig
 from eagle_core.errors import ModelLoadError
-from eagle_core.spec import verify as verify_module
 from eagle_core.spec.drafter import Drafter
 from eagle_core.spec.int8_linear import Int8Linear
 from eagle_core.spec.lookup import ContextLookup
@@ -116,8 +115,9 @@ def test_oracle_head_is_accepted_deep_and_stays_exact(bigram, spec, min_tau):
 
 
 def test_seeded_sampling_with_penalties_is_identical_with_and_without_speculation(bigram, tmp_path):
-    """Each emitted token is one draw from the same per-request generator in both modes, and the
-    penalised distribution at a tree node uses that node's own history: same seed, same text."""
+    """Each emitted token is the draw of its output position from the same request key in both
+    modes, and the penalised distribution at a tree node uses that node's own history: same
+    seed, same text."""
     target, oracle = bigram
     prompts = random_prompts(13, [5, 11, 17, 23], TINY_VOCAB_SIZE)
     params = SamplingParams(
@@ -240,28 +240,17 @@ def test_sampling_under_speculation_matches_the_target_distribution(bigram, monk
     counts = _first_three_counts(engine, prompt, params, num_samples)
     assert _chi_square_pvalue(counts, exact, num_samples) > 1e-3
 
-    # The same check must fail for a verifier that accepts any draft the target could produce
-    # (instead of sampling the target at each node): it over-produces the draft's choices.
-    def accept_plausible(tree, target_probs, generators, max_new_tokens=None):
-        accepted, tokens = [], []
-        for b in range(tree.batch_size):
-            children = tree.children(b)
-            node, path, emitted = 0, [], []
-            while len(emitted) + 1 < (max_new_tokens[b] if max_new_tokens else 10**9):
-                good = [c for c in children[node] if target_probs[b, node, tree.token_ids[b, c]] > 0]
-                if not good:
-                    break
-                node = good[0]
-                path.append(node)
-                emitted.append(int(tree.token_ids[b, node]))
-            emitted.append(verify_module.sample_from_probs(target_probs[b, node], generators[b]))
-            accepted.append(path)
-            tokens.append(emitted)
-        return verify_module.Verification(accepted, tokens)
+    # The same check must fail for a verifier that accepts every draft along the first
+    # children (instead of drawing from the target at each node): it over-produces the draft's
+    # choices.
+    def accept_first_children(tree, drawn):
+        last = tree.depths.argmax(dim=1)  # the deepest node, the first among equally deep ones
+        batch = torch.arange(tree.batch_size)
+        return last, tree.ancestor_mask[batch, last]
 
     from eagle_core.worker import spec_runner
 
-    monkeypatch.setattr(spec_runner, "verify_sampling", accept_plausible)
+    monkeypatch.setattr(spec_runner, "accepted_path", accept_first_children)
     biased_engine = make_engine(target, draft=str(oracle), spec=spec, max_num_seqs=64)
     biased_counts = _first_three_counts(biased_engine, prompt, params, num_samples)
     assert _chi_square_pvalue(biased_counts, exact, num_samples) < 1e-6
@@ -283,7 +272,7 @@ def test_context_lookup_drafts_a_looping_target_and_stays_exact(bigram, tmp_path
     plain = run_staggered(make_engine(target), prompts, params)
     head_trees = []  # sequences the head drafted a tree for, per step
     build_trees = Drafter.build_trees
-    monkeypatch.setattr(Drafter, "build_trees", lambda self, works, h: head_trees.append(len(works)) or build_trees(self, works, h))
+    monkeypatch.setattr(Drafter, "build_trees", lambda self, works, h, top: head_trees.append(len(works)) or build_trees(self, works, h, top))
     taus = {}
     for lookup, max_batch in ((0, 0), (6, 0), (6, 1)):
         head_trees.clear()

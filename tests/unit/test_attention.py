@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eagle_core.worker.attention import single_query_attention
+from eagle_core.worker.attn_gather import single_query_attention
 
 
 @pytest.mark.parametrize("heads, kv_heads", [(9, 3), (4, 4), (8, 1)])

@@ -12,10 +12,11 @@ from eagle_core.errors import InvalidRequestError
 from eagle_core.sampling import (
     apply_penalties,
     compute_logprobs,
+    draw,
     hold_back_stop_tokens,
-    make_generator,
+    position_uniforms,
     processed_probs,
-    sample,
+    request_key,
     sample_from_probs,
 )
 from eagle_core.sampling_params import SamplingParams
@@ -26,12 +27,16 @@ def logits_of(probs: list[float]) -> torch.Tensor:  # [1, vocab]
 
 
 def draw_counts(probs: torch.Tensor, num_draws: int, seed: int) -> torch.Tensor:  # [vocab]
-    """Empirical counts of `num_draws` draws from one row of probabilities."""
-    generator = make_generator(seed, "cpu")
-    counts = torch.zeros(probs.shape[-1], dtype=torch.int64)
-    for _ in range(num_draws):
-        counts[sample_from_probs(probs, generator)] += 1
-    return counts
+    """Empirical counts of one request's draws from one row of probabilities at output
+    positions 0 .. num_draws - 1."""
+    keys = torch.full((num_draws,), request_key(seed))
+    tokens = draw(probs.expand(num_draws, -1), keys, torch.arange(num_draws), [False] * num_draws)
+    return torch.bincount(tokens, minlength=probs.shape[-1])
+
+
+def greedy_draw(probs: torch.Tensor) -> list[int]:
+    rows = probs.shape[0]
+    return draw(probs, torch.zeros(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.long), [True] * rows).tolist()
 
 
 def chisquare_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -78,12 +83,9 @@ def test_temperatures_too_small_to_divide_by_are_greedy(temperature):
     assert not SamplingParams(temperature=1e-5).greedy
 
 
-def test_sample_greedy_rows_take_argmax_and_leave_generator_untouched():
+def test_greedy_rows_take_the_argmax():
     probs = torch.tensor([[0.1, 0.7, 0.2], [0.3, 0.3, 0.4]])
-    generator = make_generator(5, "cpu")
-    state = generator.get_state().clone()
-    assert sample(probs, [None, generator], [True, True]) == [1, 2]
-    assert torch.equal(generator.get_state(), state)
+    assert greedy_draw(probs) == [1, 2]
 
 
 # --- temperature ----------------------------------------------------------------------------
@@ -272,7 +274,7 @@ def test_penalties_change_greedy_choice():
     params = SamplingParams(temperature=0.0, frequency_penalty=2.0)
     logits = apply_penalties(torch.tensor([LOGITS]), [PROMPT], [OUTPUT], [params])
     probs = processed_probs(logits, [params])
-    assert sample(probs, [None], [True]) == [0]
+    assert greedy_draw(probs) == [0]
 
 
 def test_penalties_with_empty_histories():
@@ -326,11 +328,11 @@ def test_seeded_draws_do_not_depend_on_batch_composition_or_order():
     probs = torch.softmax(torch.randn(3, 100), dim=1)  # [num_rows, vocab]: rows A, B, C
 
     def run(order: list[int]) -> dict[int, list[int]]:
-        generators = {row: make_generator(100 + row, "cpu") for row in order}
+        keys = torch.tensor([request_key(100 + row) for row in order])
         drawn: dict[int, list[int]] = {row: [] for row in order}
-        for _ in range(20):
-            tokens = sample(probs[order], [generators[r] for r in order], [False] * len(order))
-            for row, token in zip(order, tokens, strict=True):
+        for position in range(20):
+            tokens = draw(probs[order], keys, torch.full((len(order),), position), [False] * len(order))
+            for row, token in zip(order, tokens.tolist(), strict=True):
                 drawn[row].append(token)
         return drawn
 
@@ -340,26 +342,36 @@ def test_seeded_draws_do_not_depend_on_batch_composition_or_order():
     assert len(set(alone)) > 1
 
 
-def test_seeded_generators_reproduce_and_differ_by_seed():
+def test_seeded_draws_reproduce_and_differ_by_seed():
     probs = torch.full((1000,), 1e-3)
 
-    def draws(generator):
-        return [sample_from_probs(probs, generator) for _ in range(10)]
+    def draws(key: int) -> list[int]:
+        return [sample_from_probs(probs, key, position) for position in range(10)]
 
-    assert draws(make_generator(42, "cpu")) == draws(make_generator(42, "cpu"))
-    assert draws(make_generator(42, "cpu")) != draws(make_generator(43, "cpu"))
+    assert draws(request_key(42)) == draws(request_key(42))
+    assert draws(request_key(42)) != draws(request_key(43))
 
 
-def test_unseeded_generators_differ():
+def test_unseeded_requests_get_different_keys():
     probs = torch.full((1000,), 1e-3)
-    first = [sample_from_probs(probs, make_generator(None, "cpu")) for _ in range(10)]
-    second = [sample_from_probs(probs, make_generator(None, "cpu")) for _ in range(10)]
-    assert first != second
+    first, second = request_key(None), request_key(None)
+    assert [sample_from_probs(probs, first, p) for p in range(10)] != [sample_from_probs(probs, second, p) for p in range(10)]
 
 
 @pytest.mark.parametrize("seed", [-1, 0, 2**64 + 5, 10**30])
-def test_make_generator_accepts_any_int_seed(seed):
-    assert make_generator(seed, "cpu").initial_seed() == seed % 2**64
+def test_any_int_seed_gives_a_key(seed):
+    assert request_key(seed) == seed % 2**63
+
+
+def test_position_uniforms_are_uniform_across_positions_and_keys():
+    positions = torch.arange(20_000)
+    along_positions = position_uniforms(torch.full_like(positions, request_key(3)), positions)
+    along_keys = position_uniforms(torch.arange(20_000) * 7919, torch.full_like(positions, 5))
+    for sample in (along_positions, along_keys):
+        assert 0.0 <= float(sample.min()) and float(sample.max()) < 1.0
+        assert stats.kstest(sample.numpy(), "uniform").pvalue > 1e-3
+    # consecutive positions are not correlated
+    assert abs(float(torch.corrcoef(torch.stack([along_positions[:-1], along_positions[1:]]))[0, 1])) < 0.03
 
 
 # --- logprobs -------------------------------------------------------------------------------

@@ -105,7 +105,7 @@ def test_limits_are_validated():
     with pytest.raises(ValueError):
         greedy([argmax_row()], max_new_tokens=[1, 2])
     with pytest.raises(ValueError):
-        verify_sampling(TREE, torch.full((1, 6, 100), 0.01), generators=[])
+        verify_sampling(TREE, torch.full((1, 6, 100), 0.01), keys=[], num_output=[])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,11 +125,11 @@ def test_sampling_with_one_hot_target_equals_greedy():
         argmax_row(n0=11, n1=14, n4=7),
     ]
     tree = make_tree([TOKENS] * 4, [PARENTS] * 4)
-    gens = [torch.Generator().manual_seed(i) for i in range(4)]
-    sampled = verify_sampling(tree, one_hot_probs(rows), gens)
+    keys, num_output = [0, 1, 2, 3], [0, 5, 9, 2]
+    sampled = verify_sampling(tree, one_hot_probs(rows), keys, num_output)
     expected = greedy(rows, tree=tree)
     assert sampled == expected
-    cut = verify_sampling(tree, one_hot_probs(rows), gens, max_new_tokens=[2, 2, 2, 1])
+    cut = verify_sampling(tree, one_hot_probs(rows), keys, num_output, max_new_tokens=[2, 2, 2, 1])
     assert cut == greedy(rows, tree=tree, max_new_tokens=[2, 2, 2, 1])
 
 
@@ -137,10 +137,8 @@ def test_sampling_is_reproducible_and_batch_independent():
     gen = torch.Generator().manual_seed(0)
     probs = torch.softmax(torch.randn(3, 6, 20, generator=gen) * 3, -1)
     tree = make_tree([[0, 1, 2, 3, 4, 5]] * 3, [PARENTS] * 3)
-    together = verify_sampling(tree, probs, [torch.Generator().manual_seed(s) for s in (1, 2, 3)])
-    alone = verify_sampling(
-        make_tree([[0, 1, 2, 3, 4, 5]], [PARENTS]), probs[1:2], [torch.Generator().manual_seed(2)]
-    )
+    together = verify_sampling(tree, probs, [1, 2, 3], [4, 7, 0])
+    alone = verify_sampling(make_tree([[0, 1, 2, 3, 4, 5]], [PARENTS]), probs[1:2], [2], [7])
     assert together.new_token_ids[1] == alone.new_token_ids[0]
     assert together.accepted_nodes[1] == alone.accepted_nodes[0]
 
@@ -167,15 +165,14 @@ def chi_square_pvalue(samples: list[int], probs: torch.Tensor) -> float:
 
 
 def run_stat_verification():
-    gen = torch.Generator().manual_seed(1234)
     tree = DraftTree(
         STAT_TREE.token_ids.expand(NUM_TRIALS, -1),
         STAT_TREE.parents.expand(NUM_TRIALS, -1),
         STAT_TREE.depths.expand(NUM_TRIALS, -1),
         STAT_TREE.ancestor_mask.expand(NUM_TRIALS, -1, -1),
     )
-    # one generator object shared by all rows: consecutive draws of one stream
-    return verify_sampling(tree, stat_probs(NUM_TRIALS), [gen] * NUM_TRIALS)
+    # one request key per trial
+    return verify_sampling(tree, stat_probs(NUM_TRIALS), list(range(1234, 1234 + NUM_TRIALS)), [0] * NUM_TRIALS)
 
 
 def biased_first_tokens() -> list[int]:
@@ -188,7 +185,7 @@ def biased_first_tokens() -> list[int]:
         if torch.rand(1, generator=gen).item() < P_ROOT[first_child_token]:
             out.append(first_child_token)
         else:
-            out.append(sample_from_probs(P_ROOT, gen))
+            out.append(sample_from_probs(P_ROOT, 1234, len(out)))
     return out
 
 
@@ -214,7 +211,6 @@ def test_sampling_second_token_follows_target_at_accepted_node():
 
 
 def test_sampling_cut_to_one_token_still_follows_target():
-    gen = torch.Generator().manual_seed(7)
     num = 5_000
     tree = DraftTree(
         STAT_TREE.token_ids.expand(num, -1),
@@ -222,7 +218,7 @@ def test_sampling_cut_to_one_token_still_follows_target():
         STAT_TREE.depths.expand(num, -1),
         STAT_TREE.ancestor_mask.expand(num, -1, -1),
     )
-    v = verify_sampling(tree, stat_probs(num), [gen] * num, max_new_tokens=[1] * num)
+    v = verify_sampling(tree, stat_probs(num), list(range(7, 7 + num)), [3] * num, max_new_tokens=[1] * num)
     assert all(len(t) == 1 for t in v.new_token_ids)
     assert all(nodes == [] for nodes in v.accepted_nodes)
     assert chi_square_pvalue([t[0] for t in v.new_token_ids], P_ROOT) > 1e-3

@@ -1,0 +1,92 @@
+"""torch.compile for the step's forwards: settings, the on-disk cache, dynamic dimensions.
+
+One compiled graph serves every step of a forward function: inputs are padded so that no
+dimension is 0 or 1 (worker/attn_paged.py) and every input dimension is marked dynamic, so a new
+batch size, context length or tree size never recompiles. Inductor's freezing treats the weights
+as constants, which on the CPU lets it pack every linear's weight for oneDNN once.
+
+Compiled artifacts are cached under `$EAGLE_SERVE_CACHE/inductor` (TORCHINDUCTOR_CACHE_DIR, when
+not already set), so a second start with the same model, torch and code skips most of the work.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+from eagle_core.worker.loader import cache_root
+
+
+def use_cache_dir() -> None:
+    """Point inductor's caches at the project's cache root unless the user chose a place.
+    Inductor writes its default into the environment on first use, so a value equal to that
+    default counts as not chosen."""
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
+
+
+INDUCTOR_SETTINGS = {
+    # weights as constants: oneDNN-packed linears on the CPU
+    "freezing": True,
+    # a C++ wrapper calls the kernels, not Python: tens of microseconds a step less per layer
+    "cpp_wrapper": True,
+    # Realize pointwise results of more than 10 ops instead of inlining them into consumers:
+    # inlined, RoPE's query rotation was recomputed for every key position inside attention
+    # (worker/attn_paged.py), 2-3x its cost (bench/attention.py's shapes)
+    "realize_opcount_threshold": 10,
+}
+
+
+_MAX_INSTANCES = 256
+"""Compiled graphs one process may hold per forward method (one or two per model instance)."""
+
+
+class CompiledFunction:
+    """`fn` compiled whole by torch.compile (fullgraph: a graph break would put Python back
+    between layers), with inductor's freezing.
+
+    Until `warmed_up()`, calls run dynamo's guards and may compile. After it, only the guards
+    that tell compiled graphs apart run (`skip_guard_eval_unsafe`): evaluating every guard
+    (each weight, each input's dtype and device) took about a millisecond per call. That is
+    safe here because nothing a guard checks changes after warm-up: every input dimension is
+    dynamic and at least 2, dtypes, devices and weights are fixed."""
+
+    def __init__(self, fn: Callable):
+        use_cache_dir()
+        # Dynamo caches compiled graphs per code object, and every model instance of a process
+        # (tests and benchmarks build several engines) adds entries for the same method.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, _MAX_INSTANCES)
+        torch._dynamo.config.accumulated_recompile_limit = max(
+            torch._dynamo.config.accumulated_recompile_limit, 4 * _MAX_INSTANCES
+        )
+        self._compiled = torch.compile(fn, fullgraph=True)
+        self.guarded = True
+
+    def warmed_up(self) -> None:
+        self.guarded = False
+
+    def __call__(self, *args):
+        if self.guarded:
+            # torch 2.13 reads freezing from inductor's global config when it compiles, not
+            # from torch.compile(options=...)
+            with torch._inductor.config.patch(INDUCTOR_SETTINGS):
+                return self._compiled(*args)
+        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+            return self._compiled(*args)
+
+
+def mark_dynamic(*tensors: torch.Tensor) -> None:
+    """Every dimension of these inputs is dynamic (each must have size >= 2)."""
+    for tensor in tensors:
+        for dim in range(tensor.dim()):
+            torch._dynamo.mark_dynamic(tensor, dim)
+
+
+def mark_dynamic_rows(*tensors: torch.Tensor) -> None:
+    """Dimension 0 of these inputs is dynamic (size >= 2); the others are the model's widths."""
+    for tensor in tensors:
+        torch._dynamo.mark_dynamic(tensor, 0)

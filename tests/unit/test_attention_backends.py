@@ -1,0 +1,99 @@
+"""The two attention backends implement one visibility rule (worker/inputs.py): same outputs and
+same KV writes for causal groups, verified trees and draft-tree levels packed together."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle_core.worker.attn_gather import GatherBackend
+from eagle_core.worker.attn_paged import PagedBackend
+from eagle_core.worker.inputs import SeqGroup, causal_group
+from eagle_core.worker.kv_storage import KVStorage
+
+BLOCK = 4
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 8
+
+
+def groups() -> list[SeqGroup]:
+    """Two decode tokens, a prefill chunk, two 3-node trees and a draft level with a wide tail."""
+    tree_mask = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    level_tail = torch.zeros(2, 2, 4, dtype=torch.bool)  # [B, K, 2 * K]: level 2 of a top-2 tree
+    level_tail[:, 0, 2] = level_tail[:, 1, 3] = True  # each entry sees itself ...
+    level_tail[0, 0, 1] = level_tail[0, 1, 0] = level_tail[1, :, 0] = True  # ... and its parent
+    return [
+        causal_group([[11], [12]], [5, 9], [[0, 1], [2, 3, 4]], BLOCK),
+        causal_group([[1, 2, 3, 4, 5, 6]], [3], [[5, 6, 7]], BLOCK),
+        SeqGroup(
+            token_ids=torch.tensor([[7, 8, 9], [10, 11, 12]]),
+            start_pos=torch.tensor([6, 2]),
+            block_tables=torch.tensor([[8, 9, 10], [11, 12, 0]]),
+            key_len=9,
+            positions=torch.tensor([[6, 7, 7], [2, 3, 3]]),
+            committed_len=torch.tensor([6, 2]),
+            tail_mask=tree_mask.expand(2, 3, 3).clone(),
+        ),
+        SeqGroup(
+            token_ids=torch.tensor([[13, 14], [15, 16]]),
+            start_pos=torch.tensor([7, 3]),  # context + K
+            block_tables=torch.tensor([[13, 14, 15], [16, 17, 0]]),
+            key_len=9,
+            positions=torch.tensor([[6, 6], [2, 2]]),
+            committed_len=torch.tensor([5, 1]),
+            tail_mask=level_tail,
+        ),
+    ]
+
+
+def run(backend_cls, seed: int = 0, offset_slots: slice | None = None):
+    """Attend over groups() with a random cache (slots `offset_slots` shifted by 100)."""
+    torch.manual_seed(seed)
+    kv = KVStorage(1, 20 * BLOCK, KV_HEADS, HEAD_DIM, torch.float32, torch.device("cpu"))
+    kv.kv.normal_()
+    if offset_slots is not None:
+        kv.kv[:, :, offset_slots] += 100.0
+    batch = backend_cls(BLOCK, torch.device("cpu"), kv.trash_slot).prepare(groups())
+    meta = batch.meta.derive() if hasattr(batch.meta, "derive") else batch.meta
+    total = batch.input_ids.shape[0]
+    query = torch.randn(1, HEADS, total, HEAD_DIM)
+    key = torch.randn(1, KV_HEADS, total, HEAD_DIM)
+    value = torch.randn(1, KV_HEADS, total, HEAD_DIM)
+    out = meta.attend(0, query, key, value, kv.kv, 0.3)[0, : batch.num_tokens]
+    return out, kv.kv[:, :, : kv.trash_slot], batch
+
+
+def test_paged_equals_gather_outputs_and_kv_writes():
+    paged, paged_kv, paged_batch = run(PagedBackend)
+    gather, gather_kv, gather_batch = run(GatherBackend)
+    assert paged_batch.num_tokens == gather_batch.num_tokens == 2 + 6 + 6 + 4
+    assert torch.equal(paged_batch.input_ids[: paged_batch.num_tokens], gather_batch.input_ids)
+    assert torch.equal(paged_batch.positions[: paged_batch.num_tokens], gather_batch.positions)
+    torch.testing.assert_close(paged, gather, rtol=1e-5, atol=1e-5)
+    assert torch.equal(paged_kv, gather_kv)  # the same slots written, the trash slot aside
+
+
+def test_paged_padding_writes_only_the_trash_slot():
+    torch.manual_seed(0)
+    kv = KVStorage(1, 4 * BLOCK, KV_HEADS, HEAD_DIM, torch.float32, torch.device("cpu"))
+    batch = PagedBackend(BLOCK, torch.device("cpu"), kv.trash_slot).prepare(
+        [causal_group([[3]], [2], [[1]], BLOCK)]
+    )
+    assert batch.input_ids.shape[0] == 2 and batch.num_tokens == 1  # one padding token
+    meta = batch.meta.derive()
+    assert meta.slot_mapping.tolist() == [1 * BLOCK + 2, kv.trash_slot]
+    assert all(min(t.shape) >= 2 for t in meta.dynamic_tensors() if t.dim() > 0)
+    ones = torch.ones(1, KV_HEADS, 2, HEAD_DIM)
+    meta.attend(0, torch.ones(1, HEADS, 2, HEAD_DIM), ones, ones, kv.kv, None)
+    written = kv.kv[0, 0].abs().sum(dim=(1, 2)) > 0
+    assert written.nonzero().flatten().tolist() == [1 * BLOCK + 2, kv.trash_slot]
+
+
+@pytest.mark.parametrize("backend", [PagedBackend, GatherBackend])
+def test_a_causal_token_ignores_keys_past_its_position(backend):
+    """Changing the cache beyond a decode token's position (a stale entry of a longer, freed
+    sequence) leaves its output unchanged."""
+    first, _, _ = run(backend)
+    again, _, _ = run(backend, offset_slots=slice(1 * BLOCK + 2, 2 * BLOCK))  # positions 6-7 of the first sequence
+    torch.testing.assert_close(again[0], first[0])
+    visible, _, _ = run(backend, offset_slots=slice(1 * BLOCK, 1 * BLOCK + 1))  # position 4: seen
+    assert not torch.allclose(visible[0], first[0])
