@@ -103,17 +103,14 @@ class SpecDefaults(NamedTuple):
     sequences run; at or below max_batch it never does."""
 
 
-WIDE_SPEC = SpecDefaults(num_draft_tokens=8, depth=3, top_k=3, max_batch=4, lookup_tokens=8, lookup_max_batch=4)
+WIDE_SPEC = SpecDefaults(num_draft_tokens=8, depth=3, top_k=3, max_batch=1, lookup_tokens=8, lookup_max_batch=1)
 """For matmul units with throughput to spare at a few rows: GPUs, and CPUs computing bf16
-natively (AMX / AVX512-BF16). Sized for a CPU and the shipped SmolLM2 head with int8 draft
-weights. Trees at batch 1 on MT-bench questions 11-40: 8/3/3 1.60x, 6/2/4 1.60x, 10/3/4 1.59x,
-10/2/6 1.57x, 12/4/4 1.55x (table in the head's README.md); stronger heads want larger trees.
-On an H200 the engine is host-bound (no CUDA graphs yet) and larger trees were slower there too
-(docs/benchmarks.md, "On a GPU"). Speculating at every batch size measured 1.52x / 1.61x /
-1.16x / 1.01x / 0.88x / 0.80x at 1 / 2 / 3 / 4 / 6 / 8 requests in one process
-(bench/results/engine-2026-12-01-vm-3.json), hence max_batch 4 (with draft_quantization none,
-2 is the better limit: the second head in bf16 measured 0.91x at 4). Lookup alone past
-max_batch is not timed on such hardware, so lookup_max_batch = max_batch keeps it off."""
+natively (AMX / AVX512-BF16). Sized for the shipped SmolLM2 head: tree 8/3/3 keeps the most
+acceptance per verified row at batch 1 (the head's README.md has the tree table). Speculation
+stops above one running sequence: with the compiled step, plain decoding gains more from a
+second and fourth sequence than a tree does (docs/benchmarks.md, "The fast step"); lookup-only
+steps past the limit are not timed on such hardware, so lookup_max_batch = max_batch keeps them
+off. The speculation cost model (issue 25) replaces these constants."""
 NARROW_SPEC = SpecDefaults(num_draft_tokens=3, depth=2, top_k=2, max_batch=1, lookup_tokens=8, lookup_max_batch=4)
 """For CPUs computing in fp32 (no native bf16, or asked for): there the target's forward grows
 steeply with the rows it verifies (SmolLM2, in the engine: 42 ms for 1 row, 48 for 3, 70-77 for

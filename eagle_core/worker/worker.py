@@ -211,7 +211,7 @@ def resolve_draft(config: EngineConfig) -> str | None:
 
 def spec_defaults(device: torch.device, dtype: torch.dtype) -> SpecDefaults:
     """The tree and batch limit for unset spec fields: narrow trees at batch 1 where a CPU's
-    matmuls run in fp32 (or emulated bf16), wide trees up to batch 4 elsewhere (see WIDE_SPEC
+    matmuls run in fp32 (or emulated bf16), wide trees at batch 1 elsewhere (see WIDE_SPEC
     and NARROW_SPEC)."""
     if device.type == "cpu" and not (dtype == torch.bfloat16 and cpu_has_native_bf16()):
         return NARROW_SPEC

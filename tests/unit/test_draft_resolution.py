@@ -46,7 +46,7 @@ def test_explicit_choices_are_kept():
 
 def test_unset_fields_take_the_defaults_and_set_ones_stay():
     assert SpecConfig().with_defaults(WIDE_SPEC) == SpecConfig(
-        num_draft_tokens=8, depth=3, top_k=3, max_batch=4, lookup_tokens=8, lookup_max_batch=4)
+        num_draft_tokens=8, depth=3, top_k=3, max_batch=1, lookup_tokens=8, lookup_max_batch=1)
     mixed = SpecConfig(num_draft_tokens=12, top_k=1, max_batch=0, lookup_tokens=0).with_defaults(NARROW_SPEC)
     assert (mixed.num_draft_tokens, mixed.depth, mixed.top_k, mixed.max_batch, mixed.lookup_tokens,
             mixed.lookup_max_batch) == (12, 2, 1, 0, 0, 4)
