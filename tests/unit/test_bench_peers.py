@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,51 +15,7 @@ import pytest
 from bench import peers
 from bench.client import StreamRecord
 
-FAKE_SERVER = textwrap.dedent('''
-    import json, sys
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    USAGE = sys.argv[2] == "usage"
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def _json(self, payload):
-            body = json.dumps(payload).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self):
-            if self.path == "/health":
-                self._json({"status": "ok"})
-            elif self.path == "/v1/models":
-                self._json({"data": [{"id": "fake-model"}]})
-            else:
-                self.send_error(404)
-
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            assert body["model"] == "fake-model" and body["stream"] and body["temperature"] == 0.0
-            n = body["max_tokens"]
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.end_headers()
-            for i in range(n):
-                chunk = {"choices": [{"index": 0, "delta": {"content": " tok"}, "finish_reason": None}]}
-                self.wfile.write(f"data: {json.dumps(chunk)}\\n\\n".encode())
-            done = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
-            self.wfile.write(f"data: {json.dumps(done)}\\n\\n".encode())
-            if USAGE:
-                usage = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": n + 7}}
-                self.wfile.write(f"data: {json.dumps(usage)}\\n\\n".encode())
-            self.wfile.write(b"data: [DONE]\\n\\n")
-
-    ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
-''')
+FAKE_SERVER = Path(__file__).resolve().parents[1] / "fake_openai_server.py"
 
 
 def _args(tmp_path: Path, **overrides):
@@ -140,10 +95,8 @@ def test_fill_token_counts_prefers_usage_and_tokenizes_the_rest():
 
 @pytest.mark.parametrize("usage", [True, False])
 def test_bench_server_measures_a_stand_in_server_and_stops_it(tmp_path, usage):
-    script = tmp_path / "fake_server.py"
-    script.write_text(FAKE_SERVER)
     args = _args(tmp_path)
-    launch = peers.Launch("fake", [sys.executable, str(script), "{port}", "usage" if usage else "none"])
+    launch = peers.Launch("fake", [sys.executable, str(FAKE_SERVER), "{port}", "usage" if usage else "none"])
     pool = [("p1", [{"role": "user", "content": "hi"}]), ("p2", [{"role": "user", "content": "yo"}])]
 
     def tokenizer_of():
