@@ -11,7 +11,8 @@ engine, the order rotating from question to question so that drift in machine lo
 evenly. "+L" after a tree adds up to L context-lookup tokens (spec/lookup.py); without it the
 tree has none. Several --draft heads get an engine each per tree (heads of different sizes: what their
 extra acceptance buys against their extra draft cost). Several --weight-packing values get a plain
-engine and an engine per tree each; speedups are against the plain engine of the same packing. tau = tokens per target forward (bonus included), from the engine's per-request counters.
+engine and an engine per tree each; speedups are against the plain engine of the same packing
+(eager engines only, `--compile off` in the server's terms: a process compiles with one packing). tau = tokens per target forward (bonus included), from the engine's per-request counters.
 Writes bench/results/tree-sizes-<date>-<machine>-q<first question>-<last question>.json.
 """
 
@@ -57,7 +58,8 @@ def main() -> None:
     )
     parser.add_argument(
         "--weight-packing", nargs="+", choices=WEIGHT_PACKINGS, default=["auto"],
-        help="a plain engine and one engine per tree for each value (auto none: packing's effect)",
+        help="a plain engine and one engine per tree for each value (auto none: packing's effect; "
+        "with compiled forwards one value per run)",
     )
     parser.add_argument("--first", type=int, default=10, help="index of the first MT-bench question")
     parser.add_argument("--questions", type=int, default=10)

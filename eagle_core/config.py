@@ -32,11 +32,12 @@ class ModelConfig:
     max_model_len: int | None = None
     """Longest prompt + completion; None takes the model's max_position_embeddings (capped at 8192)."""
     weight_packing: str = "auto"
-    """"auto": on an x86 CPU with AMX, bfloat16 linears of the target and
-    the draft head also hold their weights packed for oneDNN, used for inputs of up to 32 rows
-    (decoding, tree verification, draft steps): on the 2-core AMX VM plain decoding ran 1.17x
-    and EAGLE 1.13x as fast, with the same numbers, at the cost of the linears' memory twice
-    over (worker/packed_linear.py); "none": torch's linears only."""
+    """"auto": compiled forwards on the CPU run their linears on weights that inductor's
+    freezing repacks for oneDNN or MKL (worker/compiled.py); eager forwards on an x86 CPU with
+    AMX keep bfloat16 linear weights packed for oneDNN beside the originals, for inputs of up to
+    32 rows, with the same numbers (worker/packed_linear.py). "none": torch's linears on the
+    weights as loaded; compiled graphs then come back from the compile cache at the next start
+    (docs/benchmarks.md, "Start-up", has what each costs)."""
 
     compile: str = "auto"
     """"on": the target's and the draft head's forwards run compiled by torch.compile (inductor;

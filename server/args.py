@@ -98,8 +98,10 @@ FLAGS: tuple[Flag, ...] = (
         "--weight-packing",
         "model",
         "weight_packing",
-        "auto: bf16 linears also keep oneDNN-packed weights for decoding-sized inputs on a CPU "
-        "with AMX (faster, same numbers, linear weights held twice); none: torch's linears",
+        "auto: linears run on weights packed for oneDNN/MKL (compiled forwards on the CPU; eager "
+        "bf16 forwards on a CPU with AMX, same numbers, linear weights held twice); none: torch's "
+        "linears on the weights as loaded, and a second compiled start loads its graphs from the "
+        "compile cache",
         choices=WEIGHT_PACKINGS,
     ),
     Flag(

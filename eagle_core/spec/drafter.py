@@ -78,7 +78,10 @@ class Drafter:
         device: torch.device,
         attention_backend: str = "gather",
         compile: bool = False,
+        pack_weights: bool = True,
     ):
+        """`compile`: run the head's forward through CompiledFunction (`pack_weights`: its
+        weight packing)."""
         self.head = head
         self.spec = spec
         self.block_size = block_size
@@ -91,7 +94,7 @@ class Drafter:
         self.kv = KVStorage(num_layers, total_blocks * block_size, num_kv_heads, head_dim, dtype, device)
         self.backend = make_backend(attention_backend, block_size, self.kv)
         self.compiled = compile
-        self._run = CompiledFunction(self._forward_fn) if compile else self._forward_fn
+        self._run = CompiledFunction(self._forward_fn, pack_weights) if compile else self._forward_fn
         self.states: dict[str, DraftState] = {}
 
     # ---- state --------------------------------------------------------------------------

@@ -6,7 +6,9 @@ batch size, context length or tree size never recompiles. Inductor's freezing tr
 as constants, which on the CPU lets it pack every linear's weight for oneDNN once.
 
 Compiled artifacts are cached under `$EAGLE_SERVE_CACHE/inductor` (TORCHINDUCTOR_CACHE_DIR, when
-not already set), so a second start with the same model, torch and code skips most of the work.
+not already set). A second start with the same model, torch and code skips most of the work
+for graphs without packed weights (CompiledFunction), and only the C++ kernel builds for those
+with them.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def use_cache_dir() -> None:
 
 
 INDUCTOR_SETTINGS = {
-    # weights as constants: oneDNN-packed linears on the CPU
+    # weights as constants (packed for oneDNN/MKL on the CPU unless CompiledFunction says not to)
     "freezing": True,
     # a C++ wrapper calls the kernels, not Python: tens of microseconds a step less per layer
     "cpp_wrapper": True,
@@ -41,13 +43,20 @@ INDUCTOR_SETTINGS = {
 }
 
 
+_process_packing: bool | None = None
+"""The weight packing of this process's compiled forwards: inductor registers its packing passes
+once per process, at the first compilation, so either every compiled forward packs or none does."""
+
 _MAX_INSTANCES = 256
 """Compiled graphs one process may hold per forward method (one or two per model instance)."""
 
 
 class CompiledFunction:
     """`fn` compiled whole by torch.compile (fullgraph: a graph break would put Python back
-    between layers), with inductor's freezing.
+    between layers), with inductor's freezing. With `pack_weights`, freezing also repacks every
+    CPU linear's weight into oneDNN's (or MKL's) blocked layout; inductor's FX graph cache cannot
+    store graphs holding such constants, so only unpacked graphs come back from the on-disk cache
+    at the next start.
 
     Until `warmed_up()`, calls run dynamo's guards and may compile. After it, only the guards
     that tell compiled graphs apart run (`skip_guard_eval_unsafe`): evaluating every guard
@@ -55,8 +64,17 @@ class CompiledFunction:
     safe here because nothing a guard checks changes after warm-up: every input dimension is
     dynamic and at least 2, dtypes, devices and weights are fixed."""
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Callable, pack_weights: bool = True):
+        global _process_packing
+        if _process_packing is None:
+            _process_packing = pack_weights
+        elif _process_packing != pack_weights:
+            raise ValueError(
+                f"this process compiles with weight packing {'on' if _process_packing else 'off'}: "
+                "one process cannot compile forwards both with and without packed weights"
+            )
         use_cache_dir()
+        self._settings = {**INDUCTOR_SETTINGS, "cpp.weight_prepack": pack_weights}
         # Dynamo caches compiled graphs per code object, and every model instance of a process
         # (tests and benchmarks build several engines) adds entries for the same method.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, _MAX_INSTANCES)
@@ -73,7 +91,7 @@ class CompiledFunction:
         if self.guarded:
             # torch 2.13 reads freezing from inductor's global config when it compiles, not
             # from torch.compile(options=...)
-            with torch._inductor.config.patch(INDUCTOR_SETTINGS):
+            with torch._inductor.config.patch(self._settings):
                 return self._compiled(*args)
         with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
             return self._compiled(*args)

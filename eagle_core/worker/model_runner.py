@@ -40,8 +40,8 @@ class TargetModel:
     """The target LM split into its decoder stack and LM head, run through paged attention.
 
     `forward` is one function of fixed structure, compiled once (worker/compiled.py) unless
-    `compile` is False: the decoder over the packed tokens, then the LM head at the rows that
-    need logits."""
+    `compile` is False (`pack_weights`: see CompiledFunction): the decoder over the packed
+    tokens, then the LM head at the rows that need logits."""
 
     def __init__(
         self,
@@ -51,6 +51,7 @@ class TargetModel:
         attention_backend: str,
         compile: bool,
         feature_layers: tuple[int, ...] | None = None,
+        pack_weights: bool = True,
     ):
         self.model = loaded.model
         self.config = loaded.model.config
@@ -70,7 +71,7 @@ class TargetModel:
             # torch.compile cannot trace: install them before any compiled call.
             maybe_install_capturing_hooks(self.decoder)
         self.compiled = compile
-        self._run = CompiledFunction(self._forward) if compile else self._forward
+        self._run = CompiledFunction(self._forward, pack_weights) if compile else self._forward
         self._pad_lm_head_rows = not compile and self.device.type == "cpu" and self.dtype == torch.float32
         self.num_forwards = 0
         """Target forwards run so far (tests count them)."""

@@ -7,9 +7,10 @@ pair torch's inductor emits for a frozen CPU linear). A 1,536 x 576 linear over 
 against 37 us (174 against 116 us with the weights out of cache, as in a forward) on the 2-core
 AMX Xeon VM. In the engine, MT-bench batch 1, 256 tokens (2026-12-02,
 bench/results/tree-sizes-2026-12-02-vm-amx-q11-20-256tok-packing.json): plain decoding 19.5 ->
-22.9 tok/s, EAGLE 8/3/3 + 8 lookup tokens 46.4 -> 52.2. Hand-written because the library routes
-to these kernels do not fit: intel-extension-for-pytorch has no release for torch 2.13, and
-torch.compile with freezing (not tried here) adds compilation to start-up and to new input shapes.
+22.9 tok/s, EAGLE 8/3/3 + 8 lookup tokens 46.4 -> 52.2. Compiled forwards (`--compile on`, the
+CPU default) get the same packing from inductor's freezing; this module serves eager forwards
+(`--compile off`), where no library route fits: intel-extension-for-pytorch has no release for
+torch 2.13.
 
 Inputs of at most ROW_LIMIT rows take the packed weight; larger ones (prefill chunks, big batches)
 the original linear, which is kept (for SmolLM2, 256 MiB of packed weights beside the model's 257

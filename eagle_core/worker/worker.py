@@ -59,9 +59,11 @@ class Worker:
         self.compiled = wants_compile(config.model.compile, self.device)
         """Whether the target's and the draft head's forwards run through torch.compile."""
         self.attention_backend = resolve_attention_backend(config.model.attention_backend, self.compiled)
+        self.compiled_packing = config.model.weight_packing != "none"
+        """Whether inductor's freezing packs the compiled forwards' CPU linear weights."""
         self.packed_weights = False
         """Whether the target's (and the draft head's) bf16 linears run on oneDNN-packed weights
-        (eager forwards only: compiled ones get packed weights from inductor's freezing)."""
+        in eager forwards (worker/packed_linear.py)."""
         if not self.compiled and wants_packing(config.model.weight_packing, self.device, self.dtype, cpu_has_amx_bf16()):
             packed = pack_linears(loaded.model)
             self.packed_weights = bool(packed)
@@ -79,6 +81,7 @@ class Worker:
             self.attention_backend,
             self.compiled,
             feature_layers=getattr(self.draft_head, "layer_ids", None),
+            pack_weights=self.compiled_packing,
         )
         self.sampler = Sampler(self.device)
         self.num_tree_slots = 0
@@ -155,6 +158,7 @@ class Worker:
             device=self.device,
             attention_backend=self.attention_backend,
             compile=self.compiled,
+            pack_weights=self.compiled_packing,
         )
         self.num_tree_slots = spec.num_draft_tokens - 1
         self.num_lookup_slots = spec.lookup_tokens
