@@ -63,6 +63,16 @@ def write_result(out_dir: str, stem: str, payload: dict, suffix: str = "") -> Pa
     return path
 
 
+def write_result_and_markdown(out_dir: str, stem: str, payload: dict, machine: str | None, render) -> tuple[Path, Path]:
+    """write_result with a `-<machine>` suffix when a machine was named, then `render(result)`
+    (the JSON as written) beside it as .md; returns both paths."""
+    suffix = f"-{machine_name(machine)}" if machine else ""
+    json_path = write_result(out_dir, stem, payload, suffix=suffix)
+    md_path = json_path.with_suffix(".md")
+    md_path.write_text(render(json.loads(json_path.read_text())))
+    return json_path, md_path
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

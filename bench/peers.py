@@ -715,11 +715,16 @@ def _fmt(value) -> str:
 
 def write_outputs(results: dict, args: argparse.Namespace) -> tuple[Path, Path]:
     """bench/results/peers-<date>-<host>[-<machine>].json and .md (never overwriting)."""
-    suffix = f"-{environment.machine_name(args.machine)}" if args.machine else ""
-    json_path = environment.write_result(str(args.out), "peers", results, suffix=suffix)
-    md_path = json_path.with_suffix(".md")
-    md_path.write_text(markdown(json.loads(json_path.read_text())))
-    return json_path, md_path
+    return environment.write_result_and_markdown(str(args.out), "peers", results, args.machine, markdown)
+
+
+def comma_names(parser: argparse.ArgumentParser, value: str, known, what: str) -> list[str]:
+    """`value`'s comma-separated names, in order; a parser error names any not in `known`."""
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        parser.error(f"unknown {what} {unknown}; known: {', '.join(known)}")
+    return names
 
 
 # ----------------------------------------------------------------------------- main
@@ -746,10 +751,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results", help="output directory")
     p.add_argument("--machine", default=None, help="machine name, appended to the file names")
     args = p.parse_args(argv)
-    args.servers = [s.strip() for s in args.servers.split(",") if s.strip()]
-    unknown = [s for s in args.servers if s not in ALL_SERVERS]
-    if unknown:
-        p.error(f"unknown servers {unknown}; known: {', '.join(ALL_SERVERS)}")
+    args.servers = comma_names(p, args.servers, ALL_SERVERS, "servers")
     if args.threads < 1 or args.prompts < 1 or min(args.concurrency) < 1:
         p.error("--threads, --prompts and --concurrency must be positive")
     return args

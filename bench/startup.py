@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shlex
 import sys
 import tempfile
@@ -28,7 +27,7 @@ import httpx
 
 from bench import environment
 from bench.client import REPO_ROOT, stream_chat
-from bench.peers import Launch, PeerProcess, git_revision, request_body
+from bench.peers import Launch, PeerProcess, comma_names, git_revision, request_body
 
 CONFIGS = {
     "eagle": [],
@@ -82,10 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results", help="output directory")
     p.add_argument("--machine", default=None, help="machine name, appended to the file names")
     args = p.parse_args(argv)
-    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    unknown = [c for c in args.configs if c not in CONFIGS]
-    if unknown:
-        p.error(f"unknown configurations {unknown}; known: {', '.join(CONFIGS)}")
+    args.configs = comma_names(p, args.configs, CONFIGS, "configurations")
     return args
 
 
@@ -112,10 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {"schema": "startup/1", "date": time.strftime("%Y-%m-%d"),
                "settings": {"model": args.model, "machine": environment.machine_name(args.machine),
                             "revision": git_revision(REPO_ROOT)}, "configs": rows}
-    suffix = f"-{environment.machine_name(args.machine)}" if args.machine else ""
-    json_path = environment.write_result(str(args.out), "startup", results, suffix=suffix)
-    md_path = json_path.with_suffix(".md")
-    md_path.write_text(markdown(json.loads(json_path.read_text())))
+    json_path, md_path = environment.write_result_and_markdown(str(args.out), "startup", results, args.machine, markdown)
     print(md_path.read_text())
     print(f"wrote {json_path} and {md_path}")
     return 0

@@ -4,11 +4,13 @@ chunk when the second argument is "usage".
 
     python fake_openai_server.py PORT usage|none
 """
+
 import json
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 USAGE = sys.argv[2] == "usage"
+
 
 class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
@@ -46,5 +48,6 @@ class Handler(BaseHTTPRequestHandler):
             usage = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": n + 7}}
             self.wfile.write(f"data: {json.dumps(usage)}\n\n".encode())
         self.wfile.write(b"data: [DONE]\n\n")
+
 
 ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()

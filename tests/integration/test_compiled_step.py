@@ -69,7 +69,6 @@ def test_one_compiled_graph_serves_every_batch_and_context(tiny_model_dirs, tmp_
     assert engine.worker.warm_up_seconds > 0
 
 
-
 # Run in a fresh process: inductor's weight packing is fixed per process at its first compilation.
 CACHE_PROBE = """
 import json, sys
