@@ -94,11 +94,7 @@ class SpecDefaults(NamedTuple):
     top_k: int
     max_batch: int
     lookup_tokens: int
-    """8 everywhere. MT-bench first turns, T=0, 96 tokens, tree 8/3/3: tau 1.96 alone, 2.29 with
-    4 lookup tokens, 2.37 with 8, 2.39 with 12; fp32 CPU, 3/2/2, batch 1 (python -m
-    bench.tree_sizes --dtype float32 --trees 3/2/2 3/2/2+4 3/2/2+8): 1.25x / 1.32x / 1.32x of
-    plain decoding, and 1.34x / - / 1.81x with 256-token answers. Not yet timed where the wide
-    tree is the default."""
+    """Context-lookup tokens verified beside the tree (0: none)."""
     lookup_max_batch: int
     """Context lookup drafts alone (no head tree) while more than max_batch and at most this many
     sequences run; at or below max_batch it never does."""
@@ -114,23 +110,9 @@ steps past the limit are not timed on such hardware, so lookup_max_batch = max_b
 off. The speculation cost model (issue 25) replaces these constants."""
 NARROW_SPEC = SpecDefaults(num_draft_tokens=3, depth=2, top_k=2, max_batch=1, lookup_tokens=8, lookup_max_batch=4)
 """For CPUs computing in fp32 (no native bf16, or asked for): there the target's forward grows
-steeply with the rows it verifies (SmolLM2, in the engine: 42 ms for 1 row, 48 for 3, 70-77 for
-9-11; bench/results/lookup-chain-length-2026-12-01-vm-fp32.md) and each draft forward costs
-~3 ms. Measured on a 2-core Xeon VM without AVX512-BF16/AMX, fp32, T=0. Trees at batch 1 on
-MT-bench questions 11-30 (python -m bench.tree_sizes --dtype float32,
-bench/results/tree-sizes-2026-12-01-vm-fp32-q11-30.json):
-3/2/2 1.22x (tau 1.63), 3/2/1 1.21x, 3/1/2 1.24x, 2/1/1 1.24x (tau 1.41), 4/2/2 1.01x, 8/3/3
-1.01x (tau 1.94); 3/2/2 keeps the most tau of the narrow trees, so a stronger head gains most
-from it. With 8 lookup tokens
-(bench/results/tree-sizes-2026-12-01-vm-fp32-q11-30-lookup-trees.json): 3/2/2+8 1.36x (tau
-1.95), 3/1/2+8 1.40x (1.85), 2/1/1+8 1.30x, 4/2/2+8 1.23x; the first three lie within this VM's
-noise of each other, so 3/2/2 stays. Speculating with 3/2/2 at every batch size
-(bench/results/engine-2026-12-01-vm-4.json): 1.09x / 0.79x / 0.66x / 0.92x / 0.89x at 1 / 2 / 3 / 4 / 8 requests in lockstep, hence batch
-1 only; in a closed loop (answers ending at EOS, python -m bench.closed_loop) limits 4 and 1
-measured alike at 2 clients (1.05x / 1.03x). Context lookup alone past max_batch, closed loop
-in one process, MT-bench questions 11-34, 128 tokens, against plain decoding (a throw-away
-script; then python -m bench.closed_loop): without it 1.04x / 1.04x / 1.01x at 2 / 4 / 8
-clients, with it 1.18x / 1.14x / 0.92x, hence lookup_max_batch 4."""
+steeply with the rows it verifies and each draft forward is dear, so a narrow tree, drafted at
+batch 1 only, with context lookup alone up to 4 sequences. The measurements behind each value
+are in docs/benchmarks.md ("What the speculation defaults rest on")."""
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,9 @@ from eagle_core.worker.linear_children import linear_children
 _KERNEL_BLOCK = 32
 
 ROW_LIMIT = 16
-"""Rows up to which the int8 kernel runs by default. Measured on the 2-core CPU with weights out
-of cache (as in the engine): at 16 rows int8 still won (576 -> 1536: 156 vs 235 us; 576 -> 8192:
-646 vs 793 us); with weights in cache it already lost at 16 (121 vs 91 us) and lost 2x at 64."""
+"""Rows up to which the int8 kernel runs by default: with weights out of cache, as in the engine,
+int8 still won at 16 rows and loses beyond (docs/benchmarks.md, "What the
+speculation defaults rest on")."""
 
 
 def quantizable(linear: nn.Linear) -> bool:

@@ -122,10 +122,9 @@ def _auto_dtype(device: torch.device) -> torch.dtype:
 
 
 def _warn_on_emulated_bf16(dtype: torch.dtype, device: torch.device) -> None:
-    """`--dtype auto` never picks bf16 on such a CPU; an explicit bfloat16 is slow there, and most
-    for speculation: a target forward over 11 rows took 128 ms in bf16 against 79 ms in fp32
-    (1 row: 48 against 42), and MT-bench batch 1 at T=0 measured 1.43x of plain decoding in bf16
-    against 2.22x in fp32 (docs/benchmarks.md, "bf16 on a CPU without it")."""
+    """`--dtype auto` never picks bf16 on such a CPU; an explicit bfloat16 is emulated there,
+    slow, and slowest for speculation's many-row forwards (docs/benchmarks.md, "bf16 on a CPU
+    without it")."""
     if device.type == "cpu" and dtype == torch.bfloat16 and not cpu_has_native_bf16():
         logger.warning(
             "bfloat16 on a CPU without native bf16 (no AVX512-BF16 or AMX): its matmuls are "
@@ -175,10 +174,8 @@ def load_model(config: ModelConfig, attn_implementation: str = "sdpa") -> Loaded
     model = _load_weights(location, local_only, dtype, attn_implementation)
     model.to(device)
     if device.type == "cuda":
-        # cuDNN's sdpa builds a new graph for every new key length, i.e. at every decode step
-        # (~1.2 ms of host time per layer call). On an H200 with torch 2.11 a batch-1 decode
-        # step of SmolLM2 through transformers took 62 ms with it and 16 ms without
-        # (docs/benchmarks.md, "On a GPU"). Flash / memory-efficient attention have no such
+        # cuDNN's sdpa builds a new graph for every new key length, i.e. at every decode step,
+        # a host cost per layer call (docs/benchmarks.md, "On a GPU"). Flash / memory-efficient attention have no such
         # set-up. Process-wide (here, so serving, feature capture and training all get it),
         # which suits a process that owns its GPU.
         torch.backends.cuda.enable_cudnn_sdp(False)

@@ -1,24 +1,20 @@
 """bf16 linears with oneDNN-packed weights, for decoding-sized inputs on CPUs with AMX.
 
-Why: on a CPU with AMX, torch's bf16 linear over a plain weight costs about twice what the same
-matmul costs once the weight is packed into oneDNN's blocked layout (done once here, with
-`torch.ops.mkldnn._reorder_linear_weight`, then run with `torch.ops.mkldnn._linear_pointwise`: the
-pair torch's inductor emits for a frozen CPU linear). A 1,536 x 576 linear over one row took 78 us
-against 37 us (174 against 116 us with the weights out of cache, as in a forward) on the 2-core
-AMX Xeon VM. In the engine, MT-bench batch 1, 256 tokens (2026-12-02,
-bench/results/tree-sizes-2026-12-02-vm-amx-q11-20-256tok-packing.json): plain decoding 19.5 ->
-22.9 tok/s, EAGLE 8/3/3 + 8 lookup tokens 46.4 -> 52.2. Compiled forwards (`--compile on`, the
-CPU default) get the same packing from inductor's freezing; this module serves eager forwards
-(`--compile off`), where no library route fits: intel-extension-for-pytorch has no release for
-torch 2.13.
+Why: on a CPU with AMX, torch's bf16 linear over a plain weight costs much more than the same
+matmul on a weight packed once into oneDNN's blocked layout (`torch.ops.mkldnn.
+_reorder_linear_weight`, then `torch.ops.mkldnn._linear_pointwise`: the pair torch's inductor
+emits for a frozen CPU linear; docs/benchmarks.md, "A CPU with AMX", has the timings). Compiled
+forwards (`--compile on`, the CPU default) get the same packing from inductor's freezing; this
+module serves eager forwards (`--compile off`), where no library route fits:
+intel-extension-for-pytorch has no release for torch 2.13.
 
 Inputs of at most ROW_LIMIT rows take the packed weight; larger ones (prefill chunks, big batches)
-the original linear, which is kept (for SmolLM2, 256 MiB of packed weights beside the model's 257
-MiB). Up to 32 rows the packed kernel's results are bit-identical to torch's linear on that
-CPU, and batch-invariant (a row's result does not depend on the other rows); from 33 rows
-torch's linear switches kernels and the two differ in the last bits. So the limit keeps every
-number the engine computes what it was without packing: the same text with and without packing,
-alone or in a batch, with or without speculation (tests/unit/test_packed_linear.py checks it).
+the original linear, which is kept, so the linears' weights are held twice. Up to 32 rows the
+packed kernel's results are bit-identical to torch's linear, and batch-invariant (a row's
+result does not depend on the other rows); from 33 rows torch's linear switches kernels and the
+two differ in the last bits. So the limit keeps every number the engine computes what it was
+without packing: the same text with and without packing, alone or in a batch, with or without
+speculation (tests/unit/test_packed_linear.py checks it).
 """
 
 from __future__ import annotations
