@@ -34,11 +34,11 @@ def use_cache_dir() -> None:
 INDUCTOR_SETTINGS = {
     # weights as constants (packed for oneDNN/MKL on the CPU unless CompiledFunction says not to)
     "freezing": True,
-    # a C++ wrapper calls the kernels, not Python: tens of microseconds a step less per layer
+    # a C++ wrapper calls the kernels, not Python: less host time per layer
     "cpp_wrapper": True,
     # Realize pointwise results of more than 10 ops instead of inlining them into consumers:
     # inlined, RoPE's query rotation was recomputed for every key position inside attention
-    # (worker/attn_paged.py), 2-3x its cost (bench/attention.py's shapes)
+    # (worker/attn_paged.py), several times its cost (docs/benchmarks.md, "Host cost")
     "realize_opcount_threshold": 10,
 }
 
@@ -60,7 +60,7 @@ class CompiledFunction:
 
     Until `warmed_up()`, calls run dynamo's guards and may compile. After it, only the guards
     that tell compiled graphs apart run (`skip_guard_eval_unsafe`): evaluating every guard
-    (each weight, each input's dtype and device) took about a millisecond per call. That is
+    (each weight, each input's dtype and device) costs host time on every call. That is
     safe here because nothing a guard checks changes after warm-up: every input dimension is
     dynamic and at least 2, dtypes, devices and weights are fixed."""
 
