@@ -15,7 +15,7 @@ AUTO_DRAFT = "auto"
 """Draft setting meaning: the head shipped with eagle-serve for the default model, none otherwise."""
 
 WEIGHT_PACKINGS = ("auto", "none")
-COMPILE_MODES = ("auto", "on", "off")
+COMPILE_MODES = ("auto", "on", "max-autotune", "off")
 ATTENTION_BACKENDS = ("auto", "paged", "gather")
 
 
@@ -41,8 +41,10 @@ class ModelConfig:
 
     compile: str = "auto"
     """"on": the target's and the draft head's forwards run compiled by torch.compile (inductor;
-    one graph each, built at start-up); "off": eagerly, for debugging; "auto": on for the CPU,
-    off on CUDA, where the compiled step is not verified yet."""
+    one graph each, built at start-up); "max-autotune": compiled, and on the CPU each GEMM's
+    kernel is chosen by timing the candidates at start-up (a longer start; worker/compiled.py);
+    "off": eagerly, for debugging; "auto": "on" for the CPU, off on CUDA, where the compiled
+    step is not verified yet."""
     attention_backend: str = "auto"
     """"paged": attention reads K/V in place from the paged cache (made for compilation);
     "gather": copies each group's K/V out and runs sdpa (the reference); "auto": paged when

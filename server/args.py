@@ -109,7 +109,8 @@ FLAGS: tuple[Flag, ...] = (
         "model",
         "compile",
         "on: compile the target's and the draft head's forwards with torch.compile at start-up; "
-        "off: run them eagerly; auto: on for the CPU, off on CUDA (not verified there yet)",
+        "max-autotune: also choose each CPU GEMM's kernel by timing the candidates (a longer "
+        "start); off: run them eagerly; auto: on for the CPU, off on CUDA (not verified there yet)",
         choices=COMPILE_MODES,
     ),
     Flag(

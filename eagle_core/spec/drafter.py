@@ -28,7 +28,12 @@ from eagle_core.config import SpecConfig
 from eagle_core.kv import blocks_needed
 from eagle_core.spec.tree import CandidatePool, DraftTree, expand_top
 from eagle_core.worker.attention import make_backend
-from eagle_core.worker.compiled import CompiledFunction, mark_dynamic, mark_dynamic_rows
+from eagle_core.worker.compiled import (
+    CompiledFunction,
+    CompileSettings,
+    mark_dynamic,
+    mark_dynamic_rows,
+)
 from eagle_core.worker.inputs import SeqGroup, block_table_tensor, causal_group
 from eagle_core.worker.kv_storage import KVStorage
 from eagle_core.worker.model_runner import kv_shape, pad_rows
@@ -77,11 +82,10 @@ class Drafter:
         dtype: torch.dtype,
         device: torch.device,
         attention_backend: str = "gather",
-        compile: bool = False,
-        pack_weights: bool = True,
+        compile: CompileSettings | None = None,
     ):
-        """`compile`: run the head's forward through CompiledFunction (`pack_weights`: its
-        weight packing)."""
+        """`compile`: run the head's forward through CompiledFunction with these settings
+        (None: eagerly)."""
         self.head = head
         self.spec = spec
         self.block_size = block_size
@@ -93,8 +97,8 @@ class Drafter:
         num_layers, num_kv_heads, head_dim = kv_shape(head.config)
         self.kv = KVStorage(num_layers, total_blocks * block_size, num_kv_heads, head_dim, dtype, device)
         self.backend = make_backend(attention_backend, block_size, self.kv)
-        self.compiled = compile
-        self._run = CompiledFunction(self._forward_fn, pack_weights) if compile else self._forward_fn
+        self.compiled = compile is not None
+        self._run = CompiledFunction(self._forward_fn, device, compile) if compile else self._forward_fn
         self.states: dict[str, DraftState] = {}
 
     # ---- state --------------------------------------------------------------------------

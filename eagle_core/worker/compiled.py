@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
@@ -42,6 +43,38 @@ INDUCTOR_SETTINGS = {
     "realize_opcount_threshold": 10,
 }
 
+CPU_AUTOTUNE = {
+    # Each GEMM's kernel is chosen by timing the candidates on this machine while compiling:
+    # the library's (oneDNN or MKL, "ATEN") or inductor's own C++ template ("CPP"), which
+    # fuses the epilogue and costs no library call. The choices are cached with the graphs.
+    "max_autotune": True,
+    "max_autotune_gemm_backends": "CPP,ATEN",
+}
+"""Added on the CPU with `CompileSettings.autotune`: timing every GEMM's candidates (each a C++
+build) adds about a minute to a start; on GPUs max_autotune would time Triton GEMMs instead."""
+
+CPU_CONCAT_LINEAR = {"cpp.enable_concat_linear": True}
+"""Always on the CPU: linears that read the same input (q/k/v, gate/up) become one GEMM."""
+
+
+@dataclass(frozen=True)
+class CompileSettings:
+    """How the step's forwards are compiled (ModelConfig.compile and weight_packing)."""
+
+    pack_weights: bool = True
+    """Freezing repacks CPU linear weights for oneDNN/MKL (see CompiledFunction)."""
+    autotune: bool = False
+    """Each CPU GEMM's kernel is chosen by timing the candidates while compiling."""
+
+    def inductor(self, device: torch.device) -> dict:
+        """Inductor's config for forwards on `device`."""
+        settings = {**INDUCTOR_SETTINGS, "cpp.weight_prepack": self.pack_weights}
+        if device.type == "cpu":
+            settings |= CPU_CONCAT_LINEAR
+            if self.autotune:
+                settings |= CPU_AUTOTUNE
+        return settings
+
 
 _process_packing: bool | None = None
 """The weight packing of this process's compiled forwards: inductor registers its packing passes
@@ -64,8 +97,9 @@ class CompiledFunction:
     safe here because nothing a guard checks changes after warm-up: every input dimension is
     dynamic and at least 2, dtypes, devices and weights are fixed."""
 
-    def __init__(self, fn: Callable, pack_weights: bool = True):
+    def __init__(self, fn: Callable, device: torch.device, settings: CompileSettings):
         global _process_packing
+        pack_weights = settings.pack_weights
         if _process_packing is None:
             _process_packing = pack_weights
         elif _process_packing != pack_weights:
@@ -74,7 +108,7 @@ class CompiledFunction:
                 "one process cannot compile forwards both with and without packed weights"
             )
         use_cache_dir()
-        self._settings = {**INDUCTOR_SETTINGS, "cpp.weight_prepack": pack_weights}
+        self._settings = settings.inductor(device)
         # Dynamo caches compiled graphs per code object, and every model instance of a process
         # (tests and benchmarks build several engines) adds entries for the same method.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, _MAX_INSTANCES)

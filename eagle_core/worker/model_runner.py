@@ -9,7 +9,7 @@ from transformers.utils.output_capturing import maybe_install_capturing_hooks
 
 from eagle_core.batch import ScheduledBatch, SeqResult, SeqWork, StepResult
 from eagle_core.worker.attention import make_backend
-from eagle_core.worker.compiled import CompiledFunction, mark_dynamic
+from eagle_core.worker.compiled import CompiledFunction, CompileSettings, mark_dynamic
 from eagle_core.worker.inputs import SeqGroup, causal_group
 from eagle_core.worker.kv_storage import KVStorage
 from eagle_core.worker.loader import LoadedModel
@@ -40,7 +40,7 @@ class TargetModel:
     """The target LM split into its decoder stack and LM head, run through paged attention.
 
     `forward` is one function of fixed structure, compiled once (worker/compiled.py) unless
-    `compile` is False (`pack_weights`: see CompiledFunction): the decoder over the packed
+    `compile` is None (eager): the decoder over the packed
     tokens, then the LM head at the rows that need logits."""
 
     def __init__(
@@ -49,9 +49,8 @@ class TargetModel:
         num_slots: int,
         block_size: int,
         attention_backend: str,
-        compile: bool,
+        compile: CompileSettings | None,
         feature_layers: tuple[int, ...] | None = None,
-        pack_weights: bool = True,
     ):
         self.model = loaded.model
         self.config = loaded.model.config
@@ -70,8 +69,8 @@ class TargetModel:
             # transformers installs its hidden-state capturing hooks lazily, under a lock that
             # torch.compile cannot trace: install them before any compiled call.
             maybe_install_capturing_hooks(self.decoder)
-        self.compiled = compile
-        self._run = CompiledFunction(self._forward, pack_weights) if compile else self._forward
+        self.compiled = compile is not None
+        self._run = CompiledFunction(self._forward, self.device, compile) if compile else self._forward
         self._pad_lm_head_rows = not compile and self.device.type == "cpu" and self.dtype == torch.float32
         self.num_forwards = 0
         """Target forwards run so far (tests count them)."""

@@ -15,6 +15,7 @@ from eagle_core.config import (
     NARROW_SPEC,
     WIDE_SPEC,
     EngineConfig,
+    ModelConfig,
     SpecConfig,
     SpecDefaults,
 )
@@ -26,6 +27,7 @@ from eagle_core.spec.int8_linear import ROW_LIMIT as INT8_ROW_LIMIT
 from eagle_core.spec.int8_linear import quantize_linears, wants_int8
 from eagle_core.spec.lookup import ContextLookup
 from eagle_core.worker import attention
+from eagle_core.worker.compiled import CompileSettings
 from eagle_core.worker.kv_storage import KVStorage
 from eagle_core.worker.loader import cpu_has_amx_bf16, cpu_has_native_bf16, dtype_name, load_model
 from eagle_core.worker.model_runner import PlainRunner, TargetModel, kv_shape
@@ -56,11 +58,10 @@ class Worker:
         self.model_name = loaded.name
         self.device = loaded.device
         self.dtype = loaded.dtype
-        self.compiled = wants_compile(config.model.compile, self.device)
-        """Whether the target's and the draft head's forwards run through torch.compile."""
+        self.compile_settings = compile_settings(config.model, self.device)
+        """How the target's and the draft head's forwards are compiled; None: they run eagerly."""
+        self.compiled = self.compile_settings is not None
         self.attention_backend = resolve_attention_backend(config.model.attention_backend, self.compiled)
-        self.compiled_packing = config.model.weight_packing != "none"
-        """Whether inductor's freezing packs the compiled forwards' CPU linear weights."""
         self.packed_weights = False
         """Whether the target's (and the draft head's) bf16 linears run on oneDNN-packed weights
         in eager forwards (worker/packed_linear.py)."""
@@ -79,9 +80,8 @@ class Worker:
             cache.kv_cache_tokens,
             cache.block_size,
             self.attention_backend,
-            self.compiled,
+            self.compile_settings,
             feature_layers=getattr(self.draft_head, "layer_ids", None),
-            pack_weights=self.compiled_packing,
         )
         self.sampler = Sampler(self.device)
         self.num_tree_slots = 0
@@ -157,8 +157,7 @@ class Worker:
             dtype=self.dtype,
             device=self.device,
             attention_backend=self.attention_backend,
-            compile=self.compiled,
-            pack_weights=self.compiled_packing,
+            compile=self.compile_settings,
         )
         self.num_tree_slots = spec.num_draft_tokens - 1
         self.num_lookup_slots = spec.lookup_tokens
@@ -173,13 +172,15 @@ class Worker:
         return SpecRunner(self.target, self.sampler, drafter, ContextLookup(spec.lookup_tokens))
 
 
-def wants_compile(mode: str, device: torch.device) -> bool:
-    """--compile: "on" compiles, "off" does not; "auto" compiles on the CPU, where the compiled
-    step is tested and measured. On CUDA it is not yet verified (no CUDA graphs either), so
-    "auto" keeps the eager path there until a GPU run shows the compiled one works."""
-    if mode == "auto":
-        return device.type == "cpu"
-    return mode == "on"
+def compile_settings(model: ModelConfig, device: torch.device) -> CompileSettings | None:
+    """--compile: "on" and "max-autotune" compile ("max-autotune" also times each CPU GEMM's
+    candidate kernels), "off" does not; "auto" compiles on the CPU, where the compiled step is
+    tested and measured. On CUDA it is not yet verified (no CUDA graphs either), so "auto" keeps
+    the eager path there until a GPU run shows the compiled one works."""
+    mode = model.compile
+    if mode == "off" or (mode == "auto" and device.type != "cpu"):
+        return None
+    return CompileSettings(pack_weights=model.weight_packing != "none", autotune=mode == "max-autotune")
 
 
 def resolve_attention_backend(name: str, compiled: bool) -> str:
