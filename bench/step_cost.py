@@ -13,7 +13,8 @@ speculating at every batch size), with 1, 4 and 16 sequences decoding greedily (
 `--against REV` measures a second checkout of this repository (git worktree of REV) in the
 same run: each round runs every configuration once in each checkout, alternating which goes
 first, in fresh processes that import eagle_core from their own tree, so both see the same
-machine. `--compile` measures this tree once per `--compile` mode given (REV runs its default). Results: a table on stdout and bench/results/step-cost-<date>-<host>[-<machine>].json.
+machine. `--compile` measures this tree once per mode given (REV runs its default). Results: a
+table on stdout and bench/results/step-cost-<date>-<host>[-<machine>].json.
 """
 
 from __future__ import annotations

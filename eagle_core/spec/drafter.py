@@ -98,7 +98,7 @@ class Drafter:
         self.kv = KVStorage(num_layers, total_blocks * block_size, num_kv_heads, head_dim, dtype, device)
         self.backend = make_backend(attention_backend, block_size, self.kv)
         self.compiled = compile is not None
-        self._run = CompiledFunction(self._forward_fn, device, compile) if compile else self._forward_fn
+        self._run = CompiledFunction(self._forward_fn, device, compile) if self.compiled else self._forward_fn
         self.states: dict[str, DraftState] = {}
 
     # ---- state --------------------------------------------------------------------------

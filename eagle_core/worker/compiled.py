@@ -51,7 +51,8 @@ CPU_AUTOTUNE = {
     "max_autotune_gemm_backends": "CPP,ATEN",
 }
 """Added on the CPU with `CompileSettings.autotune`: timing every GEMM's candidates (each a C++
-build) adds about a minute to a start; on GPUs max_autotune would time Triton GEMMs instead."""
+build) lengthens a start (docs/benchmarks.md, "Host cost"); on GPUs max_autotune would time
+Triton GEMMs instead."""
 
 CPU_CONCAT_LINEAR = {"cpp.enable_concat_linear": True}
 """Always on the CPU: linears that read the same input (q/k/v, gate/up) become one GEMM."""

@@ -175,9 +175,9 @@ def load_model(config: ModelConfig, attn_implementation: str = "sdpa") -> Loaded
     model.to(device)
     if device.type == "cuda":
         # cuDNN's sdpa builds a new graph for every new key length, i.e. at every decode step,
-        # a host cost per layer call (docs/benchmarks.md, "On a GPU"). Flash / memory-efficient attention have no such
-        # set-up. Process-wide (here, so serving, feature capture and training all get it),
-        # which suits a process that owns its GPU.
+        # a host cost per layer call (docs/benchmarks.md, "On a GPU"). Flash / memory-efficient
+        # attention have no such set-up. Process-wide (here, so serving, feature capture and
+        # training all get it), which suits a process that owns its GPU.
         torch.backends.cuda.enable_cudnn_sdp(False)
     model.eval()
     tokenizer = _load_tokenizer(config.tokenizer, location, local_only)

@@ -40,8 +40,8 @@ class TargetModel:
     """The target LM split into its decoder stack and LM head, run through paged attention.
 
     `forward` is one function of fixed structure, compiled once (worker/compiled.py) unless
-    `compile` is None (eager): the decoder over the packed
-    tokens, then the LM head at the rows that need logits."""
+    `compile` is None (eager): the decoder over the packed tokens, then the LM head at the rows
+    that need logits."""
 
     def __init__(
         self,
@@ -70,8 +70,8 @@ class TargetModel:
             # torch.compile cannot trace: install them before any compiled call.
             maybe_install_capturing_hooks(self.decoder)
         self.compiled = compile is not None
-        self._run = CompiledFunction(self._forward, self.device, compile) if compile else self._forward
-        self._pad_lm_head_rows = not compile and self.device.type == "cpu" and self.dtype == torch.float32
+        self._run = CompiledFunction(self._forward, self.device, compile) if self.compiled else self._forward
+        self._pad_lm_head_rows = not self.compiled and self.device.type == "cpu" and self.dtype == torch.float32
         self.num_forwards = 0
         """Target forwards run so far (tests count them)."""
 
