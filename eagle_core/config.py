@@ -46,9 +46,9 @@ class ModelConfig:
     "off": eagerly, for debugging; "auto": "on" for the CPU, off on CUDA, where the compiled
     step is not verified yet."""
     attention_backend: str = "auto"
-    """"paged": attention reads K/V in place from the paged cache (made for compilation);
-    "gather": copies each group's K/V out and runs sdpa (the reference); "auto": paged when
-    compiling, gather otherwise."""
+    """"paged": one fixed set of tensors per forward, sdpa over query tiles of the paged cache
+    (made for compilation: one graph for every step); "gather": copies each group's K/V out and
+    runs sdpa per group (the reference); "auto": paged when compiling, gather otherwise."""
 
     def __post_init__(self) -> None:
         if self.compile not in COMPILE_MODES:

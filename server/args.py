@@ -117,8 +117,9 @@ FLAGS: tuple[Flag, ...] = (
         "--attention-backend",
         "model",
         "attention_backend",
-        "paged: read K/V in place from the paged cache; gather: copy K/V out and run sdpa (the "
-        "reference); auto: paged when compiling, else gather",
+        "paged: sdpa over query tiles of the paged cache, one compiled graph for every step; gather: "
+        "copy each group's K/V out and run sdpa per group (the reference); auto: paged when "
+        "compiling, else gather",
         choices=ATTENTION_BACKENDS,
     ),
     Flag("--block-size", "cache", "block_size", "tokens per KV block"),

@@ -9,8 +9,8 @@ passes down unchanged.
 
 Backends (`make_backend`), both reading the same paged storage and implementing the same
 visibility rule (worker/inputs.py):
-- "paged" (worker/attn_paged.py): flat per-token metadata, attention that reads K/V in place;
-  made for torch.compile. The default when compiling.
+- "paged" (worker/attn_paged.py): one fixed set of tensors per forward (flat per-token metadata,
+  two buckets of query tiles), sdpa per bucket; made for torch.compile. The default when compiling.
 - "gather" (worker/attn_gather.py): copies each group's K/V out and runs sdpa; the reference,
   and the default with --compile off.
 """

@@ -1,23 +1,35 @@
-"""The fast attention backend: every new token attends in place over the paged KV cache.
+"""The fast attention backend: one fixed set of tensors per forward, and sdpa over query tiles.
 
-Metadata is flat, one entry per token, so one set of tensors describes prefill chunks, decode
-tokens, verified trees and draft-tree levels alike (worker/inputs.py states the visibility rule):
+Every new token belongs to one *tile*: up to Q consecutive new tokens of one sequence, which share
+that sequence's keys. A forward's tiles fall into two buckets, each a dense [N, Q] block of tiles
+with one key length L:
+
+    narrow: the groups with few new tokens per sequence (decode tokens, verified trees, draft-tree
+            levels), one tile per sequence, Q = the widest of them;
+    wide:   the groups with many (prefill chunks), cut into tiles of at most TILE tokens.
+
+`_split` chooses which groups go where by the padded work N * (Q + 1) * L of both buckets, so a
+prefill chunk never pads the decode tiles to its length. Each layer gathers a bucket's keys and
+values out of the paged cache ([N, L] slots) and runs `scaled_dot_product_attention` with the
+bucket's visibility mask: torch's fused kernel with GQA, instead of a hand-written reduction.
+Since one tile's queries read its keys once, a prefill chunk costs about what contiguous attention
+costs. Both buckets always exist, so the forward has one structure and torch.compile builds one
+graph (worker/compiled.py); an empty bucket is a dummy of 2 x 2 tiles that nothing reads back.
+
+Per-token metadata (the rule of worker/inputs.py) and per-tile metadata:
 
     kv_pos [T]        KV position the token is stored at (-1: a padding token)
     seq_index [T]     its row of block_tables
     committed [T]     it sees every key position < committed (causal tokens: kv_pos + 1)
     tail_mask [T, W]  and position committed + j where tail_mask[t, j] (trees; all False otherwise)
-    block_tables [S, MB], key_positions [L] = arange(L)
+    block_tables [S, MB]
+    per bucket: tokens [N, Q] (the token of each query slot; padding slots repeat token 0),
+                seq [N] (the tile's row of block_tables), key_positions [L] = arange(L)
+    out_index [T]     where each token's output lies in the buckets' outputs, concatenated
 
-`attend` is written as reductions over key positions ((q * k).sum over head_dim, softmax over
-keys, (p * v).sum over keys) whose key loads index the cache through the block table. Under
-torch.compile (inductor) each becomes one loop nest reading K/V where they lie, without copying
-the context out per layer; that is the point of this backend, and why it wants compilation
-(eagerly the products are materialised: fine for tests on tiny models, not for serving).
-
-Shapes are padded so that no dimension is 0 or 1 (`pad`): torch.compile specialises sizes 0 and
-1, and padding keeps one compiled graph for every step. Padding tokens write their K/V to the
-storage's trash slot and see key position 0 only.
+Shapes are padded so that no dimension is 0 or 1 (`_padded`): torch.compile specialises sizes 0
+and 1, and padding keeps one compiled graph for every step. Padding tokens write their K/V to the
+storage's trash slot; padding query slots attend like token 0 and their outputs are dropped.
 """
 
 from __future__ import annotations
@@ -25,12 +37,32 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 
 from eagle_core.worker.inputs import ForwardBatch, SeqGroup
 from eagle_core.worker.kv_storage import write_kv
 
 MIN_DIM = 2
 """Smallest padded size of every dynamic dimension (see the module docstring)."""
+
+TILE = 64
+"""Most query rows of a wide tile. Longer tiles read a chunk's keys fewer times; shorter ones pad
+less of a chunk's last tile and of the key range of its first tiles."""
+
+
+@dataclass
+class Tiles:
+    """One bucket of query tiles (see the module docstring)."""
+
+    tokens: torch.Tensor  # [N, Q] long: packed-row index of each query slot
+    seq: torch.Tensor  # [N] long: the tile's row of block_tables
+    key_positions: torch.Tensor  # [L] long: arange(L)
+    # Derived once per forward by `PagedMetadata.derive`:
+    key_slots: torch.Tensor | None = None  # [N, L] long
+    visible: torch.Tensor | None = None  # [N, 1, Q, L] bool
+
+    def dynamic_tensors(self) -> list[torch.Tensor]:
+        return [self.tokens, self.seq, self.key_positions]
 
 
 @dataclass
@@ -40,30 +72,39 @@ class PagedMetadata:
     committed: torch.Tensor  # [T] long
     tail_mask: torch.Tensor  # [T, W] bool
     block_tables: torch.Tensor  # [S, MB] long
-    key_positions: torch.Tensor  # [L] long
+    narrow: Tiles
+    wide: Tiles
+    out_index: torch.Tensor  # [T] long: row of each token in cat(narrow outputs, wide outputs)
     block_size: int
     trash_slot: int
-    # Derived once per forward by `derive` (inside the compiled region), read by every layer.
-    slot_mapping: torch.Tensor | None = None  # [T] long
-    key_slots: torch.Tensor | None = None  # [S, L] long
-    visible: torch.Tensor | None = None  # [T, L] bool
+    slot_mapping: torch.Tensor | None = None  # [T] long; derived
 
     def dynamic_tensors(self) -> list[torch.Tensor]:
-        return [self.kv_pos, self.seq_index, self.committed, self.tail_mask, self.block_tables, self.key_positions]
+        return [
+            self.kv_pos, self.seq_index, self.committed, self.tail_mask, self.block_tables, self.out_index,
+            *self.narrow.dynamic_tensors(), *self.wide.dynamic_tensors(),
+        ]  # fmt: skip
 
     def derive(self) -> PagedMetadata:
-        """The per-forward tensors every layer reads: new tokens' slots, key slots, visibility."""
+        """The per-forward tensors every layer reads: new tokens' slots, tiles' key slots and masks."""
         size = self.block_size
         own_block = self.block_tables[self.seq_index, self.kv_pos.clamp(min=0) // size]  # [T]
         slot_mapping = torch.where(self.kv_pos >= 0, own_block * size + self.kv_pos % size, self.trash_slot)
-        key_block = (self.key_positions // size).clamp(max=self.block_tables.shape[1] - 1)  # [L]
-        key_slots = self.block_tables[:, key_block] * size + self.key_positions % size  # [S, L]
-        rel = self.key_positions[None, :] - self.committed[:, None]  # [T, L]
+        return replace(
+            self, slot_mapping=slot_mapping, narrow=self._derive_tiles(self.narrow), wide=self._derive_tiles(self.wide)
+        )
+
+    def _derive_tiles(self, tiles: Tiles) -> Tiles:
+        size = self.block_size
+        positions = tiles.key_positions  # [L]
+        key_block = (positions // size).clamp(max=self.block_tables.shape[1] - 1)  # [L]
+        key_slots = self.block_tables[tiles.seq][:, key_block] * size + positions % size  # [N, L]
+        rel = positions - self.committed[tiles.tokens][:, :, None]  # [N, Q, L]
         width = self.tail_mask.shape[1]
         in_tail = (rel >= 0) & (rel < width)
-        tail = self.tail_mask.gather(1, rel.clamp(0, width - 1))
-        visible = (rel < 0) | (in_tail & tail)  # [T, L]
-        return replace(self, slot_mapping=slot_mapping, key_slots=key_slots, visible=visible)
+        tail = self.tail_mask[tiles.tokens].gather(2, rel.clamp(0, width - 1))  # [N, Q, L]
+        visible = (rel < 0) | (in_tail & tail)  # [N, Q, L]
+        return replace(tiles, key_slots=key_slots, visible=visible[:, None])
 
     def attend(
         self,
@@ -74,22 +115,82 @@ class PagedMetadata:
         kv: torch.Tensor,  # [layers, 2, slots, kv_heads, head_dim]
         scale: float | None,
     ) -> torch.Tensor:  # [1, T, heads, head_dim]
-        _, heads, num_tokens, head_dim = query.shape
-        kv_heads = key.shape[1]
+        _, heads, _, head_dim = query.shape
         write_kv(kv, layer, self.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))
-        slots = self.key_slots[self.seq_index]  # [T, L]
-        keys, values = kv[layer, 0], kv[layer, 1]  # [slots, kv_heads, head_dim] each
-        # Query head h reads KV head h // G: [T, 1, kv_heads, G, d] against [T, L, kv_heads, 1, d].
-        q = query[0].transpose(0, 1).reshape(num_tokens, 1, kv_heads, heads // kv_heads, head_dim).float()
-        scores = (q * keys[slots].float()[:, :, :, None, :]).sum(-1) * (scale or head_dim**-0.5)  # [T, L, kv, G]
-        scores = scores.masked_fill(~self.visible[:, :, None, None], float("-inf"))
-        probs = scores.softmax(dim=1)
-        out = (probs[..., None] * values[slots].float()[:, :, :, None, :]).sum(1)  # [T, kv, G, d]
-        return out.reshape(1, num_tokens, heads, head_dim).to(query.dtype)
+        outputs = []
+        for tiles in (self.narrow, self.wide):
+            num_tiles, width = tiles.tokens.shape
+            # float32 whatever the model's dtype, as the reference computes scores and softmax
+            q = query[0][:, tiles.tokens].transpose(0, 1).float()  # [N, heads, Q, head_dim]
+            k = kv[layer, 0][tiles.key_slots].transpose(1, 2).float()  # [N, kv_heads, L, head_dim]
+            v = kv[layer, 1][tiles.key_slots].transpose(1, 2).float()  # [N, kv_heads, L, head_dim]
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=tiles.visible, scale=scale, enable_gqa=heads != k.shape[1]
+            )  # [N, heads, Q, head_dim]
+            outputs.append(out.transpose(1, 2).reshape(num_tiles * width, heads, head_dim))
+        return torch.cat(outputs)[self.out_index][None].to(query.dtype)  # [1, T, heads, head_dim]
 
 
 def _padded(size: int) -> int:
     return max(size, MIN_DIM)
+
+
+@dataclass
+class _TileSpec:
+    """One group's tiles on the host: `count` tiles of `width` slots each."""
+
+    tokens: torch.Tensor  # [count, width] long: packed-row index, -1 for padding slots
+    seq: torch.Tensor  # [count] long
+    key_len: int
+
+
+def _group_tiles(group: SeqGroup, offset: int, row: int, width: int) -> _TileSpec:
+    """`group`'s tokens (packed from `offset`, block-table rows from `row`) as tiles of `width`."""
+    batch, num_new = group.shape
+    per_row = -(-num_new // width)
+    index = torch.arange(per_row * width).view(per_row, width)  # [tiles per row, width]
+    tokens = offset + torch.arange(batch)[:, None, None] * num_new + index  # [B, per_row, width]
+    tokens = torch.where(index < num_new, tokens, -1).reshape(-1, width)
+    seq = (row + torch.arange(batch)).repeat_interleave(per_row)
+    return _TileSpec(tokens, seq, group.key_len)
+
+
+def _split(groups: list[SeqGroup]) -> int:
+    """The most new tokens per sequence of a narrow group: every threshold between the groups'
+    widths is priced by the padded work N * (Q + 1) * L of the two buckets it makes."""
+    best, best_cost = 0, None
+    for threshold in sorted({0, *(g.shape[1] for g in groups)}):
+        cost = 0
+        for narrow in (True, False):
+            chosen = [g for g in groups if (g.shape[1] <= threshold) == narrow]
+            if not chosen:
+                continue
+            width = max(g.shape[1] for g in chosen) if narrow else min(TILE, max(g.shape[1] for g in chosen))
+            count = sum(g.shape[0] * -(-g.shape[1] // width) for g in chosen)
+            cost += count * (width + 1) * max(g.key_len for g in chosen)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = threshold, cost
+    return best
+
+
+def _bucket(specs: list[_TileSpec], width: int, device: torch.device) -> tuple[Tiles, torch.Tensor]:
+    """Tiles of `specs` padded to at least 2 x 2 tiles and 2 keys; also the flat [N * Q] token
+    index of each slot (-1: padding)."""
+    width = _padded(width)
+    tokens = [torch.nn.functional.pad(s.tokens, (0, width - s.tokens.shape[1]), value=-1) for s in specs]
+    seq = [s.seq for s in specs]
+    count = sum(t.shape[0] for t in tokens)
+    if count < MIN_DIM:
+        tokens.append(torch.full((MIN_DIM - count, width), -1, dtype=torch.long))
+        seq.append(torch.zeros(MIN_DIM - count, dtype=torch.long))
+    flat = torch.cat(tokens)  # [N, Q]
+    key_len = _padded(max((s.key_len for s in specs), default=0))
+    tiles = Tiles(
+        tokens=flat.clamp(min=0).to(device),
+        seq=torch.cat(seq).to(device),
+        key_positions=torch.arange(key_len, device=device),
+    )
+    return tiles, flat.reshape(-1)
 
 
 class PagedBackend:
@@ -101,15 +202,21 @@ class PagedBackend:
         self.trash_slot = trash_slot
 
     def prepare(self, groups: list[SeqGroup]) -> ForwardBatch:
-        """Flat metadata for `groups`, padded (see the module docstring), on the device."""
+        """Flat and tiled metadata for `groups`, padded (see the module docstring), on the device."""
         offsets, total, rows = [], 0, 0
         ids, positions, kv_pos, seq_index, committed, tails = [], [], [], [], [], []
         width = _padded(max((g.tail_mask.shape[2] for g in groups if g.tail_mask is not None), default=1))
         num_blocks = _padded(max(g.block_tables.shape[1] for g in groups))
-        key_len = _padded(max(g.key_len for g in groups))
+        threshold = _split(groups)
+        narrow_width = max((g.shape[1] for g in groups if g.shape[1] <= threshold), default=1)
+        wide_width = min(TILE, max((g.shape[1] for g in groups if g.shape[1] > threshold), default=1))
+        narrow, wide = [], []
         for group in groups:
             batch, num_new = group.shape
             offsets.append(total)
+            is_narrow = num_new <= threshold
+            tiles = _group_tiles(group, total, rows, narrow_width if is_narrow else wide_width)
+            (narrow if is_narrow else wide).append(tiles)
             total += batch * num_new
             ids.append(group.token_ids.reshape(-1))
             positions.append(group.rope_positions().reshape(-1))
@@ -139,13 +246,21 @@ class PagedBackend:
             tables[row : row + batch, :used] = group.block_tables
             row += batch
         device = self.device
+        narrow_tiles, narrow_slots = _bucket(narrow, narrow_width, device)
+        wide_tiles, wide_slots = _bucket(wide, wide_width, device)
+        slots = torch.cat([narrow_slots, wide_slots])  # [N_narrow * Q_narrow + N_wide * Q_wide]
+        real = slots >= 0
+        out_index = torch.zeros(total + num_pad, dtype=torch.long)
+        out_index[slots[real]] = torch.arange(slots.shape[0])[real]
         meta = PagedMetadata(
             kv_pos=torch.cat(kv_pos).to(device),
             seq_index=torch.cat(seq_index).to(device),
             committed=torch.cat(committed).to(device),
             tail_mask=torch.cat(tails).to(device),
             block_tables=tables.to(device),
-            key_positions=torch.arange(key_len, device=device),
+            narrow=narrow_tiles,
+            wide=wide_tiles,
+            out_index=out_index.to(device),
             block_size=self.block_size,
             trash_slot=self.trash_slot,
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from eagle_core.worker import attn_paged
 from eagle_core.worker.attn_gather import GatherBackend
 from eagle_core.worker.attn_paged import PagedBackend
 from eagle_core.worker.inputs import SeqGroup, causal_group
@@ -70,6 +71,31 @@ def test_paged_equals_gather_outputs_and_kv_writes():
     assert torch.equal(paged_batch.positions[: paged_batch.num_tokens], gather_batch.positions)
     torch.testing.assert_close(paged, gather, rtol=1e-5, atol=1e-5)
     assert torch.equal(paged_kv, gather_kv)  # the same slots written, the trash slot aside
+
+
+@pytest.mark.parametrize("tile", [2, 4, 64])
+def test_paged_tiling_does_not_change_outputs(monkeypatch, tile):
+    """Tiles of 2 or 4 (the 6-token chunk cut, its last tile padded, trees and levels in the wide
+    bucket too) or of 64 (the chunk whole): the same outputs."""
+    monkeypatch.setattr(attn_paged, "TILE", tile)
+    paged, _, paged_batch = run(PagedBackend)
+    gather, _, _ = run(GatherBackend)
+    torch.testing.assert_close(paged, gather, rtol=1e-5, atol=1e-5)
+    assert paged_batch.meta.wide.tokens.shape[1] <= max(tile, 6)  # the chunk has 6 tokens
+
+
+def test_split_keeps_decode_tokens_out_of_a_prefill_chunks_tiles():
+    """16 decode tokens and a 300-token chunk: the decode tiles stay 1 wide (padded to 2), the
+    chunk is cut into TILE-wide tiles."""
+    decode = causal_group([[1]] * 16, [200] * 16, [[0] * 13] * 16, 16)
+    chunk = causal_group([list(range(300))], [0], [[0] * 19], 16)
+    batch = PagedBackend(16, torch.device("cpu"), 0).prepare([decode, chunk])
+    meta = batch.meta
+    assert tuple(meta.narrow.tokens.shape) == (16, 2)
+    assert tuple(meta.wide.tokens.shape) == (-(-300 // attn_paged.TILE), attn_paged.TILE)
+    # every real token's output is read from the slot that holds its query
+    slots = torch.cat([meta.narrow.tokens.reshape(-1), meta.wide.tokens.reshape(-1)])
+    assert torch.equal(slots[meta.out_index[: batch.num_tokens]], torch.arange(batch.num_tokens))
 
 
 def test_paged_padding_writes_only_the_trash_slot():
