@@ -131,15 +131,23 @@ class ServerMetrics:
         self._declare(self.registry)
         self._timelines: dict[str, _Timeline] = {}
         self._seen: dict[Any, float] = {}  # engine counter key -> value already exported
-        self._info_model: str | None = None  # model_name the info metric was set for
+        self._info_model: str | None = None  # model_name the series were initialised for
         client.observers.append(self)
 
     def _declare(self, r: CollectorRegistry) -> None:
+        self._per_model: list[Histogram | Counter] = []
+        """The metrics labelled by the model name alone: their series exist from the start."""
+
         def histogram(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
-            return Histogram(name, doc, _MODEL, buckets=buckets, registry=r)
+            metric = Histogram(name, doc, _MODEL, buckets=buckets, registry=r)
+            self._per_model.append(metric)
+            return metric
 
         def counter(name: str, doc: str, *labels: str) -> Counter:
-            return Counter(name, doc, [*_MODEL, *labels], registry=r)
+            metric = Counter(name, doc, [*_MODEL, *labels], registry=r)
+            if not labels:
+                self._per_model.append(metric)
+            return metric
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, _MODEL, registry=r)
@@ -355,7 +363,19 @@ class ServerMetrics:
         self.kv_cache_usage.labels(model).set(float(client.engine_stats.get("kv_cache_usage", 0)))
         if self._info_model != model:
             self.model_info.labels(model).info(model_info(client.engine))
+            self._initialise_series(model)
             self._info_model = model
+
+    def _initialise_series(self, model: str) -> None:
+        """Create at zero the series that dashboards and alerts read, so that a fresh server
+        shows zeros rather than "no data" and rate() has a starting point: every per-model
+        metric, the finish reasons and the server's failure reasons."""
+        for metric in self._per_model:
+            metric.labels(model)
+        for reason in ("stop", "length", "abort"):
+            self.request_success.labels(model, reason)
+        for reason in SERVER_FAILURE_REASONS:
+            self.request_failure.labels(model, reason)
 
     def render(self) -> bytes:
         # Before the engine has loaded, the model name (and so every label) may not be final:

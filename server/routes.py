@@ -25,7 +25,7 @@ from server.choices import (
     spec_info,
     usage_of,
 )
-from server.engine_client import EngineClient, RequestStream
+from server.engine_client import EngineClient, EngineNotReady, RequestStream
 from server.errors import APIError, bad_request, model_not_found
 from server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from server.protocol import (
@@ -180,14 +180,31 @@ async def metrics(request: Request) -> Response:
     return Response(_metrics(request).render(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/models")
-async def list_models(request: Request) -> ModelList:
-    card = ModelCard(
+def _model_card(request: Request) -> ModelCard:
+    """The served model's card; 503 (EngineNotReady) until the engine is ready, as every /v1/*
+    route answers, since its facts (max_model_len) come from the loaded engine."""
+    client = _client(request)
+    if client.state != "ready":
+        raise EngineNotReady(client.state)
+    return ModelCard(
         id=served_model_name(request),
         created=request.app.state.started_at,
-        max_model_len=_client(request).max_model_len,
+        max_model_len=client.max_model_len,
     )
-    return ModelList(data=[card])
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> ModelList:
+    return ModelList(data=[_model_card(request)])
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(request: Request, model_id: str) -> ModelCard:
+    """OpenAI's `models.retrieve`: the card of the served name or the engine's own model name
+    (the names requests may use), 404 in OpenAI's format for any other."""
+    card = _model_card(request)
+    _check_model(request, model_id)
+    return card
 
 
 @router.post("/tokenize")
