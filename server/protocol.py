@@ -27,7 +27,9 @@ def _accepts_none(field: FieldInfo) -> bool:
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # strict: no coercion between types ("3" is not an integer, true is not 1), as OpenAI
+    # rejects them; in JSON an integer is still a valid number.
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -72,6 +74,13 @@ class ChatMessage(_Request):
                 if not isinstance(part.get("text"), str):
                     raise ValueError("a text content part needs a string 'text'")
         return content
+
+    @model_validator(mode="after")
+    def _content_where_required(self) -> ChatMessage:
+        # Only an assistant turn may come without content (OpenAI: when it made tool calls).
+        if self.role != "assistant" and not isinstance(self.content, str) and not self.content:
+            raise ValueError(f"a {self.role} message needs 'content' (a string or text parts)")
+        return self
 
     def text(self) -> str:
         if self.content is None:

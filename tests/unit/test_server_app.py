@@ -264,6 +264,9 @@ async def test_models_tokenize_health_metrics(server):
     assert models["object"] == "list"
     assert models["data"][0]["id"] == "fake-model"
     assert models["data"][0]["max_model_len"] == 512
+    card = (await http.get("/v1/models/fake-model")).json()
+    assert card == models["data"][0]
+    assert_error(await http.get("/v1/models/other-model"), 404, param="model", code="model_not_found")
     tok = (await http.post("/tokenize", json={"model": "fake-model", "prompt": "abc"})).json()
     assert tok["tokens"] == [97, 98, 99] and tok["count"] == 3
     tok = (
@@ -279,6 +282,20 @@ async def test_models_tokenize_health_metrics(server):
     )
     assert 'eagle_num_requests_running{model_name="fake-model"} 0.0' in text
     assert "eagle_num_requests_running_peak" in text
+
+
+async def test_dashboard_series_exist_at_zero_before_any_request(server):
+    _, _, http = server
+    text = (await http.get("/metrics")).text
+    for series in (
+        'eagle_inter_chunk_latency_seconds_count{model_name="fake-model"} 0.0',
+        'eagle_time_to_first_token_seconds_count{model_name="fake-model"} 0.0',
+        'eagle_generation_tokens_total{model_name="fake-model"} 0.0',
+        'eagle_request_success_total{finished_reason="stop",model_name="fake-model"} 0.0',
+        'eagle_request_failure_total{model_name="fake-model",reason="internal_error"} 0.0',
+        'eagle_request_failure_total{model_name="fake-model",reason="queue_full"} 0.0',
+    ):
+        assert series in text, series
 
 
 async def test_curl_style_body_without_content_type(server):
@@ -306,6 +323,8 @@ async def test_health_is_503_while_loading():
         resp = await http.post("/v1/chat/completions", json=chat())
         assert_error(resp, 503, code="model_loading")
         assert resp.headers["retry-after"] == "1"
+        for path in ("/v1/models", "/v1/models/fake-model"):
+            assert_error(await http.get(path), 503, code="model_loading")
         gate.set()
         await client.wait_ready()
         assert (await http.get("/health")).status_code == 200
@@ -354,6 +373,17 @@ async def test_health_reports_load_failure():
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
         (chat(messages=[{"role": "user", "content": "x" * 600}]), "messages"),
+        # strict types: no coercion from strings or between booleans and integers
+        (chat(max_tokens="3"), "max_tokens"),
+        (chat(n=True), "n"),
+        (chat(temperature="0.5"), "temperature"),
+        (chat(stream="true"), "stream"),
+        (chat(logprobs=1), "logprobs"),
+        # content is required on user and system turns
+        ({"messages": [{"role": "user"}]}, "messages.0"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages.0"),
+        ({"messages": [{"role": "user", "content": []}]}, "messages.0"),
+        ({"messages": [{"role": "system", "content": None}, {"role": "user", "content": "x"}]}, "messages.0"),
     ],
 )
 async def test_chat_400_names_the_parameter(server, body, param):
@@ -363,6 +393,21 @@ async def test_chat_400_names_the_parameter(server, body, param):
     assert err["type"] == "invalid_request_error"
     # The server keeps serving after the error.
     assert (await http.post("/v1/chat/completions", json=chat(max_tokens=2))).status_code == 200
+
+
+async def test_integer_numbers_and_content_free_assistant_turns_are_accepted(server):
+    _, _, http = server
+    body = chat(
+        messages=[
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": None},
+            {"role": "user", "content": "Again"},
+        ],
+        temperature=1,
+        top_p=1,
+        max_tokens=2,
+    )
+    assert (await http.post("/v1/chat/completions", json=body)).status_code == 200
 
 
 @pytest.mark.parametrize(
