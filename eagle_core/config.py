@@ -50,6 +50,12 @@ class ModelConfig:
     (made for compilation: one graph for every step); "gather": copies each group's K/V out and
     runs sdpa per group (the reference); "auto": paged when compiling, gather otherwise."""
 
+    control_tokens_in_content: bool = False
+    """False: chat message content is tokenized as plain text, so text like "<|im_start|>" that a
+    user writes never becomes the model's control tokens (only the chat template makes them;
+    eagle_core/chat.py). True: the rendered conversation is tokenized whole, content included,
+    as the tokenizer does by default."""
+
     def __post_init__(self) -> None:
         if self.compile not in COMPILE_MODES:
             raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")

@@ -14,9 +14,8 @@ import dataclasses
 import logging
 import time
 
-from jinja2 import TemplateError, TemplateSyntaxError
-
 from eagle_core.batch import ScheduledBatch, SeqResult
+from eagle_core.chat import chat_prompt_ids
 from eagle_core.config import EngineConfig
 from eagle_core.detokenizer import IncrementalDetokenizer
 from eagle_core.errors import InvalidRequestError
@@ -188,17 +187,9 @@ class Engine:
         }
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise InvalidRequestError("this model has no chat template; use /v1/completions", param="messages")
-        try:
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        except TemplateSyntaxError:
-            raise  # the model's template itself is broken: a server fault, whatever was sent
-        except TemplateError as exc:
-            # Templates raise on purpose for conversations their model does not take (a system
-            # role, roles that do not alternate): the client's input, not a server fault.
-            raise InvalidRequestError(f"the model's chat template rejected these messages: {exc}", "messages") from None
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        """Prompt ids of a conversation; message content never becomes control tokens unless
+        ModelConfig.control_tokens_in_content (eagle_core/chat.py)."""
+        return chat_prompt_ids(self.tokenizer, messages, plain_content=not self.config.model.control_tokens_in_content)
 
     # ---- helpers ----------------------------------------------------------------------------
 

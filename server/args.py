@@ -122,6 +122,14 @@ FLAGS: tuple[Flag, ...] = (
         "compiling, else gather",
         choices=ATTENTION_BACKENDS,
     ),
+    Flag(
+        "--control-tokens-in-content",
+        "model",
+        "control_tokens_in_content",
+        "false: chat message content is tokenized as plain text, so a user cannot write the "
+        "model's control tokens (e.g. forge a system turn); true: special-token text in content "
+        "becomes control tokens, as the tokenizer does by default",
+    ),
     Flag("--block-size", "cache", "block_size", "tokens per KV block"),
     Flag(
         "--kv-cache-tokens", "cache", "kv_cache_tokens", "KV budget in tokens across all sequences"
