@@ -182,7 +182,7 @@ class EngineClient:
 
     @property
     def tokenizer(self) -> Any:
-        self._require_ready()
+        self.require_ready()
         return self.engine.tokenizer
 
     def chat_prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
@@ -190,7 +190,7 @@ class EngineClient:
 
         Runs on the caller's thread: tokenizing only reads the tokenizer, which is safe next
         to the engine thread's detokenizing, and keeps the engine loop free of this work."""
-        self._require_ready()
+        self.require_ready()
         if hasattr(self.engine, "apply_chat_template"):
             return list(self.engine.apply_chat_template(messages))
         ids = self.engine.tokenizer.apply_chat_template(
@@ -198,7 +198,8 @@ class EngineClient:
         )
         return list(ids["input_ids"] if isinstance(ids, dict) else ids)
 
-    def _require_ready(self) -> None:
+    def require_ready(self) -> None:
+        """Raise EngineNotReady (a 503 on every /v1/* route) unless the engine is ready."""
         if self.state != "ready":
             raise EngineNotReady(self.state)
 
@@ -213,7 +214,7 @@ class EngineClient:
         """Queue one engine request per (prompt, params) pair; return once the engine accepted
         them all. Raises QueueFull, EngineNotReady, or the engine's InvalidRequestError, all
         before any output exists, so the caller can still answer with an error status."""
-        self._require_ready()
+        self.require_ready()
         assert len(prompts) == len(params)
         count = len(prompts)
         if count > self.max_waiting:  # a 429 would send the client into retries that never pass
@@ -235,7 +236,7 @@ class EngineClient:
         self._notify("on_submit", ids, time.monotonic())
         future = asyncio.get_running_loop().create_future()
         self._send(_Add(list(zip(ids, prompts, params, strict=True)), future))
-        if self.state != "ready":  # the loop ended after _require_ready: it will not see the add
+        if self.state != "ready":  # the loop ended after require_ready: it will not see the add
             self._fail_queued_adds()
         try:
             await future

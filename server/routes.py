@@ -25,7 +25,7 @@ from server.choices import (
     spec_info,
     usage_of,
 )
-from server.engine_client import EngineClient, EngineNotReady, RequestStream
+from server.engine_client import EngineClient, RequestStream
 from server.errors import APIError, bad_request, model_not_found
 from server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from server.protocol import (
@@ -181,11 +181,10 @@ async def metrics(request: Request) -> Response:
 
 
 def _model_card(request: Request) -> ModelCard:
-    """The served model's card; 503 (EngineNotReady) until the engine is ready, as every /v1/*
-    route answers, since its facts (max_model_len) come from the loaded engine."""
+    """The served model's card; 503 until the engine is ready, as on every /v1/* route, since
+    its facts (max_model_len) come from the loaded engine."""
     client = _client(request)
-    if client.state != "ready":
-        raise EngineNotReady(client.state)
+    client.require_ready()
     return ModelCard(
         id=served_model_name(request),
         created=request.app.state.started_at,

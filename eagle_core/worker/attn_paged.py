@@ -155,19 +155,25 @@ def _group_tiles(group: SeqGroup, offset: int, row: int, width: int) -> _TileSpe
     return _TileSpec(tokens, seq, group.key_len)
 
 
+def _widths(groups: list[SeqGroup], threshold: int) -> tuple[int, int]:
+    """Tile widths of the narrow bucket (groups with at most `threshold` new tokens per
+    sequence: one tile per sequence) and of the wide one (tiles of at most TILE)."""
+    narrow = max((g.shape[1] for g in groups if g.shape[1] <= threshold), default=1)
+    wide = min(TILE, max((g.shape[1] for g in groups if g.shape[1] > threshold), default=1))
+    return narrow, wide
+
+
 def _split(groups: list[SeqGroup]) -> int:
     """The most new tokens per sequence of a narrow group: every threshold between the groups'
     widths is priced by the padded work N * (Q + 1) * L of the two buckets it makes."""
     best, best_cost = 0, None
     for threshold in sorted({0, *(g.shape[1] for g in groups)}):
         cost = 0
-        for narrow in (True, False):
+        for narrow, width in zip((True, False), _widths(groups, threshold)):
             chosen = [g for g in groups if (g.shape[1] <= threshold) == narrow]
-            if not chosen:
-                continue
-            width = max(g.shape[1] for g in chosen) if narrow else min(TILE, max(g.shape[1] for g in chosen))
-            count = sum(g.shape[0] * -(-g.shape[1] // width) for g in chosen)
-            cost += count * (width + 1) * max(g.key_len for g in chosen)
+            if chosen:
+                count = sum(g.shape[0] * -(-g.shape[1] // width) for g in chosen)
+                cost += count * (width + 1) * max(g.key_len for g in chosen)
         if best_cost is None or cost < best_cost:
             best, best_cost = threshold, cost
     return best
@@ -177,7 +183,7 @@ def _bucket(specs: list[_TileSpec], width: int, device: torch.device) -> tuple[T
     """Tiles of `specs` padded to at least 2 x 2 tiles and 2 keys; also the flat [N * Q] token
     index of each slot (-1: padding)."""
     width = _padded(width)
-    tokens = [torch.nn.functional.pad(s.tokens, (0, width - s.tokens.shape[1]), value=-1) for s in specs]
+    tokens = [F.pad(s.tokens, (0, width - s.tokens.shape[1]), value=-1) for s in specs]
     seq = [s.seq for s in specs]
     count = sum(t.shape[0] for t in tokens)
     if count < MIN_DIM:
@@ -208,8 +214,7 @@ class PagedBackend:
         width = _padded(max((g.tail_mask.shape[2] for g in groups if g.tail_mask is not None), default=1))
         num_blocks = _padded(max(g.block_tables.shape[1] for g in groups))
         threshold = _split(groups)
-        narrow_width = max((g.shape[1] for g in groups if g.shape[1] <= threshold), default=1)
-        wide_width = min(TILE, max((g.shape[1] for g in groups if g.shape[1] > threshold), default=1))
+        narrow_width, wide_width = _widths(groups, threshold)
         narrow, wide = [], []
         for group in groups:
             batch, num_new = group.shape
