@@ -57,7 +57,7 @@ def start_server(
     log_path: Path,
     api_key: str | None = None,
     entry: list[str] | None = None,
-    timeout: float = 240,
+    timeout: float = 480,
 ) -> ServerProcess:
     port = free_port()
     cmd = [
