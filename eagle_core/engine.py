@@ -5,7 +5,10 @@
     scheduler.update()                        (append tokens, finish, free)
     detokenize, stop strings -> RequestOutput
 
-Not thread-safe: one thread owns an Engine (the server runs it in a background thread).
+Not thread-safe: one thread owns an Engine (the server runs it in a background thread). The
+exceptions are `tokenizer`, a SharedTokenizer that any thread may call (the server's event loop
+tokenizes chat prompts and /tokenize requests with it), and `apply_chat_template`, which only
+uses it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from eagle_core.outputs import RequestOutput, SpecStats
 from eagle_core.request import Request
 from eagle_core.sampling_params import SamplingParams
 from eagle_core.scheduler import Scheduler
+from eagle_core.shared_tokenizer import SharedTokenizer
 from eagle_core.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -82,7 +86,7 @@ class Engine:
         config = config or EngineConfig()
         self.worker = Worker(config)
         self.config = self.worker.config  # with derived values filled in (max_model_len, KV size)
-        self.tokenizer = self.worker.tokenizer
+        self.tokenizer = SharedTokenizer(self.worker.tokenizer)
         self.model_name = self.worker.model_name
         self.max_model_len = self.config.model.max_model_len
         cache = self.config.cache
@@ -188,7 +192,7 @@ class Engine:
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         """Prompt ids of a conversation; message content never becomes control tokens unless
-        ModelConfig.control_tokens_in_content (eagle_core/chat.py)."""
+        ModelConfig.control_tokens_in_content (eagle_core/chat.py). Safe on any thread."""
         return chat_prompt_ids(self.tokenizer, messages, plain_content=not self.config.model.control_tokens_in_content)
 
     # ---- helpers ----------------------------------------------------------------------------

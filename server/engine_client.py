@@ -182,14 +182,16 @@ class EngineClient:
 
     @property
     def tokenizer(self) -> Any:
+        """The engine's tokenizer; the real engine's is a SharedTokenizer, safe on this thread."""
         self.require_ready()
         return self.engine.tokenizer
 
     def chat_prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of a chat conversation followed by the assistant's turn header.
 
-        Runs on the caller's thread: tokenizing only reads the tokenizer, which is safe next
-        to the engine thread's detokenizing, and keeps the engine loop free of this work."""
+        Runs on the caller's thread, which keeps the engine loop free of this work: the engine's
+        tokenizer is a SharedTokenizer (eagle_core/shared_tokenizer.py), whose lock orders these
+        calls with the engine thread's encoding and detokenizing."""
         self.require_ready()
         if hasattr(self.engine, "apply_chat_template"):
             return list(self.engine.apply_chat_template(messages))

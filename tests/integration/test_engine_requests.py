@@ -134,11 +134,11 @@ def test_a_chat_template_that_refuses_the_messages_is_a_client_error(engine, mon
     """Templates raise on purpose for conversations their model does not take (Gemma's "System
     role not supported"): a 400 naming `messages`, not a server error."""
     refusing = "{{ raise_exception('System role not supported') }}"
-    monkeypatch.setattr(engine.tokenizer, "chat_template", refusing, raising=False)
+    monkeypatch.setattr(engine.worker.tokenizer, "chat_template", refusing, raising=False)
     with pytest.raises(InvalidRequestError, match="System role not supported") as err:
         engine.apply_chat_template([{"role": "system", "content": "x"}, {"role": "user", "content": "y"}])
     assert err.value.param == "messages"
     # A template that does not even compile is the server's fault, not a 400 blaming messages.
-    monkeypatch.setattr(engine.tokenizer, "chat_template", "{% if %}", raising=False)
+    monkeypatch.setattr(engine.worker.tokenizer, "chat_template", "{% if %}", raising=False)
     with pytest.raises(TemplateSyntaxError):
         engine.apply_chat_template([{"role": "user", "content": "y"}])
