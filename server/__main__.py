@@ -2,7 +2,8 @@
 
 uvicorn starts listening first and the engine loads on the engine client's thread, so /health
 answers 503 while a large model loads instead of refusing connections. If loading fails the
-server stops and the process exits with status 1.
+server stops and the process exits with status 1. SIGTERM and SIGINT drain the server
+(server/shutdown.py) and it exits with status 0.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from eagle_core.config import EngineConfig
 from server.app import create_app
 from server.args import ConfigError, parse_args
 from server.engine_client import EngineClient
-from server.streaming import SHUTDOWN_GRACE_S
+from server.shutdown import EXIT_GRACE_S, DrainingServer
 
 logger = logging.getLogger("server")
 
@@ -49,15 +50,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         lambda: load_engine(engine_config), max_waiting=engine_config.scheduler.max_waiting
     )
     app = create_app(client, settings)
-    server = uvicorn.Server(
+    server = DrainingServer(
         uvicorn.Config(
             app,
             host=settings.host,
             port=settings.port,
             log_level=settings.log_level,
-            # Streams get SHUTDOWN_GRACE_S to finish first (server/streaming.py).
-            timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S) + 1,
-        )
+            # Starts once the app's drain has answered every accepted request.
+            timeout_graceful_shutdown=EXIT_GRACE_S,
+        ),
+        app.state.drain,
     )
 
     def stop_on_load_failure(exc: BaseException) -> None:

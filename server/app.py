@@ -38,11 +38,12 @@ from server.errors import (
 from server.metrics import ServerMetrics
 from server.routes import ClientGone, router, validation_error
 from server.settings import ServerSettings
+from server.shutdown import Drain, DrainMiddleware
 
 logger = logging.getLogger(__name__)
 
-# Paths that need the API key when one is set. /health and /metrics stay open for probes and
-# scrapers (they reveal no user data).
+# Paths that need the API key when one is set, and that a stopping server refuses. /health and
+# /metrics stay open for probes and scrapers (they reveal no user data).
 _PROTECTED_PREFIXES = ("/v1/", "/tokenize")
 
 
@@ -59,6 +60,7 @@ def create_app(engine_client: EngineClient, settings: ServerSettings) -> FastAPI
     app.state.settings = settings
     app.state.started_at = int(time.time())
     app.state.token_texts = None
+    app.state.drain = Drain(settings.shutdown_timeout_s)
     app.state.metrics = ServerMetrics(
         engine_client, lambda: settings.served_model_name or engine_client.model_name or "default"
     )
@@ -66,8 +68,15 @@ def create_app(engine_client: EngineClient, settings: ServerSettings) -> FastAPI
     unexpected = _add_error_handlers(app)
     # Each add_middleware wraps the ones before it. CORS, outermost, must answer preflights
     # before the key check (browsers send no Authorization on OPTIONS) and must decorate every
-    # answer: 401/413 from the guard and the 500s of unexpected errors too.
+    # answer: 401/413 from the guard and the 500s of unexpected errors too. The drain counts a
+    # request as running until everything the app sends for it, a 500 included, is sent.
     app.add_middleware(UnexpectedErrorMiddleware, handler=unexpected)
+    app.add_middleware(
+        DrainMiddleware,
+        drain=app.state.drain,
+        prefixes=_PROTECTED_PREFIXES,
+        retry_after_s=settings.retry_after_s,
+    )
     app.add_middleware(
         GuardMiddleware, settings=settings, on_reject=app.state.metrics.record_failure
     )

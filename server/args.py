@@ -75,6 +75,13 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag("--max-request-bytes", "server", "max_request_bytes", "largest request body (413 above)"),
     Flag(
+        "--shutdown-timeout",
+        "server",
+        "shutdown_timeout_s",
+        "seconds running requests may go on after SIGTERM/SIGINT; then they end with a "
+        "server_shutdown error (503, or an error event in a stream)",
+    ),
+    Flag(
         "--log-level",
         "server",
         "log_level",
@@ -326,4 +333,8 @@ def parse_args(
         scheduler=SchedulerConfig(**values["scheduler"]),
         spec=SpecConfig(**values["spec"]),
     )
-    return engine_config, ServerSettings(**values["server"])
+    try:
+        settings = ServerSettings(**values["server"])
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return engine_config, settings

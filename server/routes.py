@@ -41,6 +41,7 @@ from server.protocol import (
     TokenizeRequest,
 )
 from server.settings import ServerSettings
+from server.shutdown import Drain
 from server.streaming import StreamMeta, chat_stream, completion_stream
 
 M = TypeVar("M", bound=BaseModel)
@@ -65,6 +66,10 @@ def _settings(request: Request) -> ServerSettings:
 
 def _metrics(request: Request) -> ServerMetrics:
     return request.app.state.metrics
+
+
+def _drain(request: Request) -> Drain:
+    return request.app.state.drain
 
 
 def served_model_name(request: Request) -> str:
@@ -115,7 +120,9 @@ def _new_id(prefix: str) -> str:
 
 
 async def _collect(request: Request, stream: RequestStream, num_choices: int) -> list[ChoiceState]:
-    """Gather a whole non-streamed response, aborting if the client disconnects meanwhile."""
+    """Gather a whole non-streamed response, aborting if the client disconnects meanwhile. At
+    the shutdown deadline DrainMiddleware cancels the handler (server/shutdown.py); the engine
+    request is aborted all the same."""
     states = [ChoiceState() for _ in range(num_choices)]
 
     async def gather() -> None:
@@ -166,10 +173,11 @@ def _stream_meta(
 @router.get("/health")
 async def health(request: Request) -> Response:
     client = _client(request)
-    if client.state == "ready":
+    if client.state == "ready" and not _drain(request).stopping:
         return JSONResponse({"status": "ok"})
+    status = "stopping" if client.state == "ready" else client.state
     return JSONResponse(
-        {"status": client.state},  # loading, failed or stopped
+        {"status": status},  # loading, stopping (draining), failed or stopped
         status_code=503,
         headers={"Retry-After": str(_settings(request).retry_after_s)},
     )
@@ -241,7 +249,7 @@ async def chat_completions(request: Request) -> Response:
         meta = _stream_meta(
             request, request_id, model, req.n, req.n, req.include_usage, want_logprobs
         )
-        return chat_stream(stream, meta)
+        return chat_stream(stream, meta, _drain(request))
     states = await _collect(request, stream, req.n)
     texts = _token_texts(request) if want_logprobs else None
     choices = [
@@ -276,7 +284,7 @@ async def completions(request: Request) -> Response:
         meta = _stream_meta(
             request, request_id, model, req.n, len(all_prompts), req.include_usage, want_logprobs
         )
-        return completion_stream(stream, meta)
+        return completion_stream(stream, meta, _drain(request))
     states = await _collect(request, stream, len(all_prompts))
     texts = _token_texts(request) if want_logprobs else None
     choices = [

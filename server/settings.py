@@ -24,4 +24,11 @@ class ServerSettings:
     """Largest accepted request body; bigger ones get 413 before any parsing."""
     retry_after_s: int = 1
     """Retry-After sent with 429 (queue full) and 503 (still loading)."""
+    shutdown_timeout_s: float = 30.0
+    """After SIGTERM/SIGINT, how long running requests may go on before they are cut with a
+    `server_shutdown` error (server/shutdown.py)."""
     log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not self.shutdown_timeout_s >= 0:
+            raise ValueError(f"shutdown_timeout must be at least 0, got {self.shutdown_timeout_s}")

@@ -9,22 +9,20 @@ Event order per stream:
 The stream only starts after the engine accepted the request, so queue-full and validation
 errors are plain HTTP errors, never events inside a 200 stream. When the client disconnects,
 sse-starlette cancels the generator and its `finally` aborts the engine requests, which frees
-their KV at the engine's next step. When the server stops (SIGTERM), running streams get
-SHUTDOWN_GRACE_S to finish; one still running then ends with a `server_shutdown` error event and
-`data: [DONE]` rather than a connection cut mid-answer.
+their KV at the engine's next step. When the server stops (SIGTERM), a running stream goes on
+until the drain's deadline (server/shutdown.py); one still running then ends with a
+`server_shutdown` error event and `data: [DONE]` rather than a connection cut mid-answer.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse
 
@@ -46,17 +44,11 @@ from server.protocol import (
     CompletionChunkChoice,
     DeltaMessage,
 )
+from server.shutdown import Drain
 
 logger = logging.getLogger(__name__)
 
 DONE = {"data": "[DONE]"}
-
-SHUTDOWN_GRACE_S = 4.0
-"""How long running streams may go on once the server is stopping. Below uvicorn's graceful
-shutdown timeout (server/__main__.py), which closes every connection after it."""
-_FAREWELL_MARGIN_S = 0.5
-"""A stream still running this long before the grace ends sends its error event and [DONE]
-(sse-starlette cancels the generator when the grace is over)."""
 
 
 @dataclass
@@ -89,32 +81,10 @@ def _event(chunk: BaseModel, include_usage: bool) -> dict[str, str]:
     return {"data": json.dumps(data, separators=(",", ":"))}
 
 
-class _StreamDeadline:
-    """Passed to sse-starlette as the stream's shutdown event: its set(), called when the server
-    starts stopping, fixes when the stream must end and moves the deadline of the wait for the
-    next event already in progress (a stream may be waiting in the queue or on a long prefill,
-    with no event to wake it)."""
-
-    def __init__(self) -> None:
-        self.deadline = math.inf  # event-loop time (anyio.current_time()) at which to end
-        self.waiting: anyio.CancelScope | None = None
-
-    def set(self) -> None:
-        if self.deadline == math.inf:
-            self.deadline = anyio.current_time() + SHUTDOWN_GRACE_S - _FAREWELL_MARGIN_S
-            if self.waiting is not None:
-                self.waiting.deadline = self.deadline
-
-
-def event_source(events_for: Callable[[_StreamDeadline], AsyncIterator[dict[str, str]]]) -> EventSourceResponse:
-    """The SSE response of the events `events_for(deadline)` makes; `deadline` is set when the
-    server starts stopping."""
-    deadline = _StreamDeadline()
+def event_source(events: AsyncIterator[dict[str, str]]) -> EventSourceResponse:
     return EventSourceResponse(
-        events_for(deadline),
+        events,
         sep="\n",  # matches OpenAI's own stream byte for byte (the default is "\r\n")
-        shutdown_event=deadline,  # type: ignore[arg-type]  # sse-starlette only calls set()
-        shutdown_grace_period=SHUTDOWN_GRACE_S,
     )
 
 
@@ -122,21 +92,20 @@ async def _guarded(
     stream: RequestStream,
     meta: StreamMeta,
     events: AsyncIterator[dict[str, str]],
-    shutdown: _StreamDeadline,
+    drain: Drain,
 ) -> AsyncIterator[dict[str, str]]:
     """Abort on disconnect (the generator is cancelled or closed); report engine failure, and a
-    stream cut by the server stopping, as a final error event, since the 200 status is already
-    on the wire."""
+    stream cut at the shutdown deadline, as a final error event, since the 200 status is already
+    on the wire. The deadline also ends a wait for the next event (a stream may be queued, in a
+    long prefill, or behind a stalled engine, with no event to wake it)."""
     try:
         while True:
             event = None
             # No yield inside the scope: a cancel scope must not span a generator's suspension.
-            with anyio.CancelScope(deadline=shutdown.deadline) as waited:
-                shutdown.waiting = waited
+            with drain.bounded() as waited:
                 event = await anext(events, None)
-            shutdown.waiting = None
             if waited.cancelled_caught:
-                logger.warning("server stopping: ending a stream before its answer is complete")
+                drain.record_cut()
                 body = error_body(
                     "The server is shutting down; the answer was cut short", "server_error", None, "server_shutdown"
                 )
@@ -157,12 +126,12 @@ async def _guarded(
         stream.abort()
 
 
-def chat_stream(stream: RequestStream, meta: StreamMeta) -> EventSourceResponse:
-    return event_source(lambda shutdown: _guarded(stream, meta, _chat_events(stream, meta), shutdown))
+def chat_stream(stream: RequestStream, meta: StreamMeta, drain: Drain) -> EventSourceResponse:
+    return event_source(_guarded(stream, meta, _chat_events(stream, meta), drain))
 
 
-def completion_stream(stream: RequestStream, meta: StreamMeta) -> EventSourceResponse:
-    return event_source(lambda shutdown: _guarded(stream, meta, _completion_events(stream, meta), shutdown))
+def completion_stream(stream: RequestStream, meta: StreamMeta, drain: Drain) -> EventSourceResponse:
+    return event_source(_guarded(stream, meta, _completion_events(stream, meta), drain))
 
 
 async def _chat_events(stream: RequestStream, meta: StreamMeta) -> AsyncIterator[dict[str, str]]:

@@ -119,6 +119,13 @@ def test_env_only_and_config_from_env(tmp_path):
     assert engine.spec.draft is None
 
 
+def test_shutdown_timeout():
+    _, server = parse_args([], environ={})
+    assert server.shutdown_timeout_s == 30.0
+    _, server = parse_args(["--shutdown-timeout", "2.5"], environ={})
+    assert server.shutdown_timeout_s == 2.5
+
+
 def test_optional_values_accept_none(tmp_path):
     engine, _ = parse_args(["--max-model-len", "none"], environ={})
     assert engine.model.max_model_len is None
@@ -131,6 +138,7 @@ def test_optional_values_accept_none(tmp_path):
         ([], {"EAGLE_SERVE_MAX_NUM_SEQS": "many"}, "max_num_seqs"),
         ([], {"EAGLE_SERVE_NO_SPECULATION": "maybe"}, "no_speculation"),
         (["--config", "/nonexistent.yaml"], {}, "not found"),
+        (["--shutdown-timeout", "-1"], {}, "shutdown_timeout"),
     ],
 )
 def test_bad_values_raise_config_error(argv, env, match):

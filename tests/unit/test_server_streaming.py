@@ -1,5 +1,5 @@
 """Engine client and SSE over a real socket (uvicorn in process, FakeEngine): batching,
-client disconnects abort engine requests, one engine thread."""
+client disconnects abort engine requests, one engine thread, the shutdown drain."""
 
 from __future__ import annotations
 
@@ -24,9 +24,11 @@ except ImportError:  # pytest's rootdir-relative import mode
 
 
 @contextlib.asynccontextmanager
-async def live_server(engine: FakeEngine, max_waiting: int = 64):
+async def live_server(engine: FakeEngine, max_waiting: int = 64, shutdown_timeout_s: float = 30.0):
+    """Yields (engine client, HTTP client, the app's Drain)."""
     client = EngineClient(lambda: engine, max_waiting=max_waiting)
-    app = create_app(client, ServerSettings(served_model_name="fake-model"))
+    settings = ServerSettings(served_model_name="fake-model", shutdown_timeout_s=shutdown_timeout_s)
+    app = create_app(client, settings)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     task = asyncio.create_task(server.serve())
     while not server.started:
@@ -35,7 +37,7 @@ async def live_server(engine: FakeEngine, max_waiting: int = 64):
     await client.wait_ready()
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-            yield client, http
+            yield client, http, app.state.drain
     finally:
         server.should_exit = True
         await task
@@ -52,7 +54,7 @@ async def wait_until(predicate, timeout=5.0):
 async def test_stream_disconnect_aborts_the_request():
     engine = FakeEngine(max_model_len=100_000)
     engine.step_delay = 0.005
-    async with live_server(engine) as (client, http):
+    async with live_server(engine) as (client, http, _):
         body = {"prompt": "p", "max_tokens": None, "temperature": 1.0, "stream": True}
         async with http.stream("POST", "/v1/completions", json=body) as resp:
             assert resp.status_code == 200
@@ -72,7 +74,7 @@ async def test_stream_disconnect_aborts_the_request():
 async def test_non_stream_disconnect_aborts_the_request():
     engine = FakeEngine(max_model_len=100_000)
     engine.step_delay = 0.005
-    async with live_server(engine) as (client, http):
+    async with live_server(engine) as (client, http, _):
         body = {"prompt": "p", "max_tokens": None, "temperature": 1.0}
         with pytest.raises(httpx.ReadTimeout):
             await http.post("/v1/completions", json=body, timeout=0.3)
@@ -83,7 +85,7 @@ async def test_non_stream_disconnect_aborts_the_request():
 async def test_concurrent_streams_are_batched_and_complete():
     engine = FakeEngine(max_num_seqs=32)
     engine.step_delay = 0.002
-    async with live_server(engine) as (client, http):
+    async with live_server(engine) as (client, http, _):
 
         async def one(i: int) -> str:
             body = {
@@ -130,16 +132,13 @@ async def test_submit_is_all_or_nothing_on_invalid_request():
         client.shutdown()
 
 
-async def test_a_stopping_server_lets_streams_finish_then_ends_the_rest_with_an_error_event():
-    """SIGTERM (sse-starlette's AppStatus.should_exit): a stream that ends within the grace ends
-    normally; one still running at its end gets a server_shutdown error event and [DONE], not a
-    cut connection."""
-    from sse_starlette.sse import AppStatus
-
-    from server.streaming import SHUTDOWN_GRACE_S
-
+async def test_a_draining_server_finishes_what_it_can_and_cuts_the_rest_explicitly(caplog):
+    """SIGTERM (the app's Drain): new requests get 503 server_shutdown; requests that end within
+    the timeout end normally; at the deadline a stream still running gets a server_shutdown
+    error event and [DONE], a non-streamed request a 503 server_shutdown body; one log line."""
     engine = FakeEngine(max_model_len=100_000)
     engine.step_delay = 0.05  # 2 characters per step: the greedy reply (51) takes ~1.3 s
+    timeout = 2.5
 
     async def read(http, body, started: asyncio.Event) -> list[str]:
         data = []
@@ -150,38 +149,56 @@ async def test_a_stopping_server_lets_streams_finish_then_ends_the_rest_with_an_
                     started.set()
         return data
 
-    async with live_server(engine) as (_, http):
-        try:
-            starts = [asyncio.Event(), asyncio.Event()]
-            short = asyncio.create_task(read(http, {"prompt": "p", "temperature": 0, "max_tokens": None}, starts[0]))
-            endless = asyncio.create_task(read(http, {"prompt": "p", "max_tokens": None, "temperature": 1.0}, starts[1]))
-            for started in starts:
-                await asyncio.wait_for(started.wait(), 5)
-            AppStatus.should_exit = True
-            t0 = asyncio.get_running_loop().time()
-            short_data, endless_data = await asyncio.wait_for(asyncio.gather(short, endless), SHUTDOWN_GRACE_S + 3)
-            elapsed = asyncio.get_running_loop().time() - t0
-        finally:
-            AppStatus.should_exit = False
-        await wait_until(lambda: engine.aborted)  # the cut request left the engine
+    greedy = {"prompt": "p", "temperature": 0, "max_tokens": None}
+    endless = {"prompt": "p", "max_tokens": None, "temperature": 1.0}
+    async with live_server(engine, shutdown_timeout_s=timeout) as (client, http, drain):
+        starts = [asyncio.Event(), asyncio.Event()]
+        short_stream = asyncio.create_task(read(http, greedy, starts[0]))
+        long_stream = asyncio.create_task(read(http, endless, starts[1]))
+        short_plain = asyncio.create_task(http.post("/v1/completions", json={**greedy, "max_tokens": 10}))
+        long_plain = asyncio.create_task(http.post("/v1/completions", json=endless))
+        for started in starts:
+            await asyncio.wait_for(started.wait(), 5)
+        await wait_until(lambda: client.num_running == 4)
+        caplog.set_level("INFO", logger="server.shutdown")
+        t0 = asyncio.get_running_loop().time()
+        draining = asyncio.create_task(drain.run())
+        await wait_until(lambda: drain.stopping)
+        refused = await http.post("/v1/completions", json=greedy)
+        health = await http.get("/health")
+        await asyncio.wait_for(draining, timeout + 3)
+        elapsed = asyncio.get_running_loop().time() - t0
+        results = await asyncio.gather(short_stream, long_stream, short_plain, long_plain)
+        await wait_until(lambda: not engine.has_unfinished())  # the cut requests left the engine
+    short_data, long_data, short_resp, long_resp = results
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "server_shutdown"
+    assert refused.json()["error"]["type"] == "service_unavailable_error"
+    assert health.status_code == 503 and health.json()["status"] == "stopping"
     assert short_data[-1] == "[DONE]"
     assert json.loads(short_data[-2])["choices"][0]["finish_reason"] == "stop"
-    assert endless_data[-1] == "[DONE]"
-    assert json.loads(endless_data[-2])["error"]["code"] == "server_shutdown"
-    assert len(endless_data) > 30  # it went on streaming during the grace
-    assert 1.0 < elapsed < SHUTDOWN_GRACE_S + 2
+    assert short_resp.status_code == 200
+    assert short_resp.json()["choices"][0]["text"] == FakeEngine.REPLY[:10]
+    assert long_data[-1] == "[DONE]"
+    assert json.loads(long_data[-2])["error"]["code"] == "server_shutdown"
+    assert len(long_data) > 30  # it went on streaming until the deadline
+    assert long_resp.status_code == 503
+    assert long_resp.headers["content-type"] == "application/json"
+    assert long_resp.json()["error"]["code"] == "server_shutdown"
+    assert timeout - 0.1 < elapsed < timeout + 2
+    assert drain.running == 0 and drain.cut == 2 and drain.refused == 1
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("shutdown:")]
+    assert "of 4 running requests 2 finished and 2 were cut" in line and "1 new requests refused" in line
 
 
-async def test_a_stream_with_nothing_to_send_when_the_server_stops_still_ends_cleanly():
+async def test_a_stream_with_nothing_to_send_at_the_deadline_still_ends_cleanly():
     """A stream waiting for its next event (queued, a long prefill, a stalled engine) gets its
-    error event and [DONE] when the grace ends, though no event came to wake it."""
-    from sse_starlette.sse import AppStatus
-
+    error event and [DONE] at the deadline, though no event came to wake it."""
     engine = FakeEngine(max_model_len=100_000)
     engine.step_delay = 0.01
-    async with live_server(engine) as (_, http):
+    async with live_server(engine, shutdown_timeout_s=0.5) as (_, http, drain):
         try:
             data = []
+            draining = None
             body = {"prompt": "p", "max_tokens": None, "temperature": 1.0, "stream": True}
             async with http.stream("POST", "/v1/completions", json=body) as resp:
                 async for line in resp.aiter_lines():
@@ -189,9 +206,25 @@ async def test_a_stream_with_nothing_to_send_when_the_server_stops_still_ends_cl
                         data.append(line[6:])
                         if len(data) == 3:
                             engine.paused = True  # no more tokens
-                            AppStatus.should_exit = True
+                            draining = asyncio.create_task(drain.run())
+            await asyncio.wait_for(draining, 3)
         finally:
-            AppStatus.should_exit = False
             engine.paused = False
     assert data[-1] == "[DONE]"
     assert json.loads(data[-2])["error"]["code"] == "server_shutdown"
+    assert drain.cut == 1
+
+
+async def test_a_second_signal_cuts_at_once():
+    engine = FakeEngine(max_model_len=100_000)
+    engine.step_delay = 0.01
+    async with live_server(engine, shutdown_timeout_s=60) as (client, http, drain):
+        body = {"prompt": "p", "max_tokens": None, "temperature": 1.0}
+        plain = asyncio.create_task(http.post("/v1/completions", json=body))
+        await wait_until(lambda: client.num_running == 1)
+        draining = asyncio.create_task(drain.run())
+        await wait_until(lambda: drain.stopping)
+        drain.cut_now()
+        await asyncio.wait_for(draining, 3)
+        resp = await plain
+    assert resp.status_code == 503 and resp.json()["error"]["code"] == "server_shutdown"
