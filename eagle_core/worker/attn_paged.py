@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from eagle_core.worker.cpu_kernels import paged_attention_available
 from eagle_core.worker.inputs import ForwardBatch, SeqGroup
 from eagle_core.worker.kv_storage import write_kv
 
@@ -77,6 +78,8 @@ class PagedMetadata:
     out_index: torch.Tensor  # [T] long: row of each token in cat(narrow outputs, wide outputs)
     block_size: int
     trash_slot: int
+    in_place_narrow: bool
+    """The narrow bucket attends with the CPU kernel that reads keys in place (worker/cpu_kernels.py)."""
     slot_mapping: torch.Tensor | None = None  # [T] long; derived
 
     def dynamic_tensors(self) -> list[torch.Tensor]:
@@ -120,6 +123,14 @@ class PagedMetadata:
         outputs = []
         for tiles in (self.narrow, self.wide):
             num_tiles, width = tiles.tokens.shape
+            if tiles is self.narrow and self.in_place_narrow:
+                q = query[0].transpose(0, 1)[tiles.tokens].float()  # [N, Q, heads, head_dim]
+                out = torch.ops.eagle_serve.paged_attention(
+                    q, kv[layer, 0], kv[layer, 1], tiles.key_slots, tiles.visible[:, 0],
+                    head_dim**-0.5 if scale is None else scale,
+                )  # fmt: skip
+                outputs.append(out.reshape(num_tiles * width, heads, head_dim))
+                continue
             # float32 whatever the model's dtype, as the reference computes scores and softmax
             q = query[0][:, tiles.tokens].transpose(0, 1).float()  # [N, heads, Q, head_dim]
             k = kv[layer, 0][tiles.key_slots].transpose(1, 2).float()  # [N, kv_heads, L, head_dim]
@@ -202,10 +213,15 @@ def _bucket(specs: list[_TileSpec], width: int, device: torch.device) -> tuple[T
 class PagedBackend:
     name = "paged"
 
-    def __init__(self, block_size: int, device: torch.device, trash_slot: int):
+    def __init__(self, block_size: int, device: torch.device, trash_slot: int, in_place: bool | None = None):
+        """`in_place`: the narrow bucket attends with the CPU kernel that reads the cache in place;
+        by default wherever it can (a CPU device and the kernel built, worker/cpu_kernels.py)."""
         self.block_size = block_size
         self.device = device
         self.trash_slot = trash_slot
+        if in_place is None:
+            in_place = device.type == "cpu" and paged_attention_available()
+        self.in_place = in_place
 
     def prepare(self, groups: list[SeqGroup]) -> ForwardBatch:
         """Flat and tiled metadata for `groups`, padded (see the module docstring), on the device."""
@@ -268,6 +284,7 @@ class PagedBackend:
             out_index=out_index.to(device),
             block_size=self.block_size,
             trash_slot=self.trash_slot,
+            in_place_narrow=self.in_place,
         )
         input_ids = torch.cat([t.to(device) for t in ids])
         return ForwardBatch(input_ids, torch.cat([p.to(device) for p in positions]), meta, offsets, total)

@@ -3,17 +3,27 @@ same KV writes for causal groups, verified trees and draft-tree levels packed to
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from eagle_core.worker import attn_paged
 from eagle_core.worker.attn_gather import GatherBackend
 from eagle_core.worker.attn_paged import PagedBackend
+from eagle_core.worker.cpu_kernels import paged_attention_available
 from eagle_core.worker.inputs import SeqGroup, causal_group
 from eagle_core.worker.kv_storage import KVStorage
 
 BLOCK = 4
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 8
+
+needs_kernel = pytest.mark.skipif(not paged_attention_available(), reason="the CPU kernel could not be built here")
+IN_PLACE = partial(PagedBackend, in_place=True)
+"""The paged backend with its narrow bucket (decode tokens, trees, draft levels) attending through
+the CPU kernel that reads the cache in place."""
+SDPA = partial(PagedBackend, in_place=False)
 
 
 def groups() -> list[SeqGroup]:
@@ -46,25 +56,26 @@ def groups() -> list[SeqGroup]:
     ]
 
 
-def run(backend_cls, seed: int = 0, offset_slots: slice | None = None):
+def run(backend_cls, seed: int = 0, offset_slots: slice | None = None, dtype: torch.dtype = torch.float32):
     """Attend over groups() with a random cache (slots `offset_slots` shifted by 100)."""
     torch.manual_seed(seed)
-    kv = KVStorage(1, 20 * BLOCK, KV_HEADS, HEAD_DIM, torch.float32, torch.device("cpu"))
+    kv = KVStorage(1, 20 * BLOCK, KV_HEADS, HEAD_DIM, dtype, torch.device("cpu"))
     kv.kv.normal_()
     if offset_slots is not None:
         kv.kv[:, :, offset_slots] += 100.0
     batch = backend_cls(BLOCK, torch.device("cpu"), kv.trash_slot).prepare(groups())
     meta = batch.meta.derive() if hasattr(batch.meta, "derive") else batch.meta
     total = batch.input_ids.shape[0]
-    query = torch.randn(1, HEADS, total, HEAD_DIM)
-    key = torch.randn(1, KV_HEADS, total, HEAD_DIM)
-    value = torch.randn(1, KV_HEADS, total, HEAD_DIM)
+    query = torch.randn(1, HEADS, total, HEAD_DIM).to(dtype)
+    key = torch.randn(1, KV_HEADS, total, HEAD_DIM).to(dtype)
+    value = torch.randn(1, KV_HEADS, total, HEAD_DIM).to(dtype)
     out = meta.attend(0, query, key, value, kv.kv, 0.3)[0, : batch.num_tokens]
     return out, kv.kv[:, :, : kv.trash_slot], batch
 
 
-def test_paged_equals_gather_outputs_and_kv_writes():
-    paged, paged_kv, paged_batch = run(PagedBackend)
+@pytest.mark.parametrize("paged_backend", [SDPA, pytest.param(IN_PLACE, marks=needs_kernel)], ids=["sdpa", "in-place"])
+def test_paged_equals_gather_outputs_and_kv_writes(paged_backend):
+    paged, paged_kv, paged_batch = run(paged_backend)
     gather, gather_kv, gather_batch = run(GatherBackend)
     assert paged_batch.num_tokens == gather_batch.num_tokens == 2 + 6 + 6 + 4
     assert torch.equal(paged_batch.input_ids[: paged_batch.num_tokens], gather_batch.input_ids)
@@ -73,12 +84,21 @@ def test_paged_equals_gather_outputs_and_kv_writes():
     assert torch.equal(paged_kv, gather_kv)  # the same slots written, the trash slot aside
 
 
+@needs_kernel
+def test_in_place_kernel_reads_a_bfloat16_cache_like_the_reference():
+    paged, _, batch = run(IN_PLACE, dtype=torch.bfloat16)
+    gather, _, _ = run(GatherBackend, dtype=torch.bfloat16)
+    assert batch.meta.in_place_narrow
+    torch.testing.assert_close(paged.float(), gather.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("paged_backend", [SDPA, pytest.param(IN_PLACE, marks=needs_kernel)], ids=["sdpa", "in-place"])
 @pytest.mark.parametrize("tile", [2, 4, 64])
-def test_paged_tiling_does_not_change_outputs(monkeypatch, tile):
+def test_paged_tiling_does_not_change_outputs(monkeypatch, tile, paged_backend):
     """Tiles of 2 or 4 (the 6-token chunk cut, its last tile padded, trees and levels in the wide
     bucket too) or of 64 (the chunk whole): the same outputs."""
     monkeypatch.setattr(attn_paged, "TILE", tile)
-    paged, _, paged_batch = run(PagedBackend)
+    paged, _, paged_batch = run(paged_backend)
     gather, _, _ = run(GatherBackend)
     torch.testing.assert_close(paged, gather, rtol=1e-5, atol=1e-5)
     assert paged_batch.meta.wide.tokens.shape[1] <= max(tile, 6)  # the chunk has 6 tokens
@@ -114,7 +134,9 @@ def test_paged_padding_writes_only_the_trash_slot():
     assert written.nonzero().flatten().tolist() == [1 * BLOCK + 2, kv.trash_slot]
 
 
-@pytest.mark.parametrize("backend", [PagedBackend, GatherBackend])
+@pytest.mark.parametrize(
+    "backend", [SDPA, pytest.param(IN_PLACE, marks=needs_kernel), GatherBackend], ids=["sdpa", "in-place", "gather"]
+)
 def test_a_causal_token_ignores_keys_past_its_position(backend):
     """Changing the cache beyond a decode token's position (a stale entry of a longer, freed
     sequence) leaves its output unchanged."""
@@ -123,3 +145,31 @@ def test_a_causal_token_ignores_keys_past_its_position(backend):
     torch.testing.assert_close(again[0], first[0])
     visible, _, _ = run(backend, offset_slots=slice(1 * BLOCK, 1 * BLOCK + 1))  # position 4: seen
     assert not torch.allclose(visible[0], first[0])
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("tiles", "width", "head_dim"), [(3, 1, 64), (2, 11, 64), (2, 5, 128), (1, 3, 40)])
+def test_in_place_kernel_equals_sdpa_over_gathered_keys(dtype, tiles, width, head_dim):
+    """The kernel on its own against sdpa over the same keys gathered: SmolLM2's head grouping
+    (9 query heads, 3 KV heads), key counts that are not a multiple of a vector, query rows past
+    a register block, head sizes that are and are not a multiple of its output span, keys
+    scattered over the cache, and a query slot that sees no key (zeros)."""
+    torch.manual_seed(0)
+    heads, kv_heads, keys, slots = 9, 3, 37, 200
+    key_cache = torch.randn(slots, kv_heads, head_dim).to(dtype)
+    value_cache = torch.randn(slots, kv_heads, head_dim).to(dtype)
+    key_slots = torch.stack([torch.randperm(slots)[:keys] for _ in range(tiles)])  # [N, L]
+    visible = torch.rand(tiles, width, keys) < 0.7  # [N, Q, L]
+    visible[:, :, 0] = True
+    visible[0, 0] = False  # sees nothing
+    query = torch.randn(tiles, width, heads, head_dim)
+    out = torch.ops.eagle_serve.paged_attention(query, key_cache, value_cache, key_slots, visible, 0.2)
+    k = key_cache[key_slots].float().transpose(1, 2)  # [N, kv_heads, L, head_dim]
+    v = value_cache[key_slots].float().transpose(1, 2)
+    expected = F.scaled_dot_product_attention(
+        query.transpose(1, 2), k, v, attn_mask=visible[:, None], scale=0.2, enable_gqa=True
+    ).transpose(1, 2)  # [N, Q, heads, head_dim]
+    assert torch.equal(out[0, 0], torch.zeros(heads, head_dim))
+    expected[0, 0] = 0
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

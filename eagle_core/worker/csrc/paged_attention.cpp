@@ -1,0 +1,235 @@
+// Attention of query tiles over keys and values read in place from the paged KV cache (CPU).
+//
+// Why by hand: the sdpa path (worker/attn_paged.py) first gathers every tile's keys and values
+// out of the cache into a dense copy, which for decode tiles costs more memory traffic than the
+// attention itself; no library for this torch offers a CPU kernel that reads a paged cache in
+// place (flex_attention's CPU template does, but runs decode tiles slower than gather + sdpa).
+//
+// Contract (shapes checked below):
+//   query       [N, Q, H, D] float32: Q query slots of each of N tiles, H heads
+//   key_cache   [S, KVH, D]  float32 or bfloat16: one layer's keys, by cache slot
+//   value_cache [S, KVH, D]  same dtype as key_cache
+//   key_slots   [N, L] int64: the cache slot of each of a tile's L key positions
+//   visible     [N, Q, L] bool: query slot q of tile n attends to key position l
+//   returns     [N, Q, H, D] float32; a query slot that sees no key gets zeros
+// Heads share KV heads in groups of H / KVH (grouped-query attention). Scores and softmax are
+// computed in float32 whatever the cache's dtype, like the reference backend.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kKeys = Vec::size();  // keys whose scores one vector holds
+constexpr int64_t kScoreRows = 8;       // query rows scored together: independent accumulators
+constexpr int64_t kOutRows = 4;         // query rows whose outputs accumulate together ...
+constexpr int64_t kOutVecs = 4;         // ... kOutVecs vectors wide
+
+// A cache row as floats.
+inline void to_float(const float* src, float* dst, int64_t dim) { std::copy(src, src + dim, dst); }
+inline void to_float(const c10::BFloat16* src, float* dst, int64_t dim) {
+  for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<float>(src[d]);
+}
+
+// s[l] = exp(s[l] - top) for l < keys; returns their sum (-inf scores become 0).
+inline float exp_shifted(float* s, int64_t keys, float top) {
+  const Vec shift(top);
+  Vec total(0.f);
+  int64_t l = 0;
+  for (; l + Vec::size() <= keys; l += Vec::size()) {
+    Vec e = (Vec::loadu(s + l) - shift).exp_u20();
+    e.store(s + l);
+    total = total + e;
+  }
+  float sum = total.reduce_add();
+  for (; l < keys; ++l) {
+    s[l] = std::exp(s[l] - top);
+    sum += s[l];
+  }
+  return sum;
+}
+
+// Per-thread scratch of one (tile, KV head) task.
+struct Scratch {
+  std::vector<float> scores;      // [rows, keys]: scores, then unnormalised probabilities
+  std::vector<float> totals;      // [rows]
+  std::vector<float> key_rows;    // [kKeys, dim]: a block of keys, as floats
+  std::vector<float> keys_t;      // [dim, kKeys]: the same, transposed
+  std::vector<float> values;      // [keys, dim]: the task's values as floats (bfloat16 caches)
+  std::vector<const float*> value_rows;  // [keys]
+};
+
+template <typename T>
+void attend_task(const float* const* q_rows, int64_t rows, const T* keys_base, const T* values_base,
+                 const int64_t* slots, const bool* const* vis_rows, int64_t keys, int64_t row_stride, int64_t dim,
+                 float scale, float* const* out_rows, Scratch& w) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  w.scores.resize(rows * keys);
+  w.totals.resize(rows);
+  w.key_rows.resize(kKeys * dim);
+  w.keys_t.resize(dim * kKeys);
+  w.value_rows.resize(keys);
+
+  // 1. Scores, kKeys keys at a time: the block is transposed to [dim, kKeys], so a vector of one
+  // row's scores is `dim` fused multiply-adds, kScoreRows rows sharing each load.
+  for (int64_t l0 = 0; l0 < keys; l0 += kKeys) {
+    const int64_t block = std::min(kKeys, keys - l0);
+    for (int64_t j = 0; j < block; ++j) to_float(keys_base + slots[l0 + j] * row_stride, w.key_rows.data() + j * dim, dim);
+    at::vec::transpose_mxn<float>(w.key_rows.data(), dim, w.keys_t.data(), kKeys, block, dim);
+    for (int64_t r0 = 0; r0 < rows; r0 += kScoreRows) {
+      const float* q[kScoreRows];
+      for (int64_t i = 0; i < kScoreRows; ++i) q[i] = q_rows[std::min(r0 + i, rows - 1)];
+      Vec acc[kScoreRows];
+      for (int64_t i = 0; i < kScoreRows; ++i) acc[i] = Vec(0.f);
+      for (int64_t d = 0; d < dim; ++d) {
+        const Vec k = Vec::loadu(w.keys_t.data() + d * kKeys);
+        for (int64_t i = 0; i < kScoreRows; ++i) acc[i] = at::vec::fmadd(Vec(q[i][d]), k, acc[i]);
+      }
+      for (int64_t i = 0; i < std::min(kScoreRows, rows - r0); ++i) {
+        float block_scores[kKeys];
+        (acc[i] * Vec(scale)).store(block_scores);
+        float* s = w.scores.data() + (r0 + i) * keys + l0;
+        const bool* v = vis_rows[r0 + i] + l0;
+        for (int64_t j = 0; j < block; ++j) s[j] = v[j] ? block_scores[j] : neg_inf;
+      }
+    }
+  }
+
+  // 2. Softmax numerators and totals, per row.
+  for (int64_t r = 0; r < rows; ++r) {
+    float* s = w.scores.data() + r * keys;
+    float top = neg_inf;
+    for (int64_t l = 0; l < keys; ++l) top = std::max(top, s[l]);
+    if (top == neg_inf) {
+      std::fill(s, s + keys, 0.f);
+      w.totals[r] = 0.f;
+    } else {
+      w.totals[r] = exp_shifted(s, keys, top);
+    }
+  }
+
+  // 3. Outputs: probabilities times values, kOutRows rows by kOutVecs vectors of the head at a
+  // time in registers; every value row is read as floats (converted once for bfloat16 caches).
+  if constexpr (std::is_same_v<T, float>) {
+    for (int64_t l = 0; l < keys; ++l) w.value_rows[l] = values_base + slots[l] * row_stride;
+  } else {
+    w.values.resize(keys * dim);
+    for (int64_t l = 0; l < keys; ++l) {
+      to_float(values_base + slots[l] * row_stride, w.values.data() + l * dim, dim);
+      w.value_rows[l] = w.values.data() + l * dim;
+    }
+  }
+  constexpr int64_t span = kOutVecs * Vec::size();
+  for (int64_t r0 = 0; r0 < rows; r0 += kOutRows) {
+    const int64_t nr = std::min(kOutRows, rows - r0);
+    const float* p[kOutRows];
+    for (int64_t i = 0; i < kOutRows; ++i) p[i] = w.scores.data() + std::min(r0 + i, rows - 1) * keys;
+    int64_t c0 = 0;
+    for (; c0 + span <= dim; c0 += span) {
+      Vec acc[kOutRows][kOutVecs];
+      for (int64_t i = 0; i < kOutRows; ++i)
+        for (int64_t j = 0; j < kOutVecs; ++j) acc[i][j] = Vec(0.f);
+      for (int64_t l = 0; l < keys; ++l) {
+        const float* v = w.value_rows[l] + c0;
+        Vec vv[kOutVecs];
+        for (int64_t j = 0; j < kOutVecs; ++j) vv[j] = Vec::loadu(v + j * Vec::size());
+        for (int64_t i = 0; i < kOutRows; ++i) {
+          const Vec weight(p[i][l]);
+          for (int64_t j = 0; j < kOutVecs; ++j) acc[i][j] = at::vec::fmadd(weight, vv[j], acc[i][j]);
+        }
+      }
+      for (int64_t i = 0; i < nr; ++i) {
+        const float total = w.totals[r0 + i];
+        const Vec inv(total == 0.f ? 0.f : 1.f / total);
+        for (int64_t j = 0; j < kOutVecs; ++j) (acc[i][j] * inv).store(out_rows[r0 + i] + c0 + j * Vec::size());
+      }
+    }
+    for (; c0 < dim; ++c0) {  // a head size that is not a multiple of span
+      for (int64_t i = 0; i < nr; ++i) {
+        float sum = 0.f;
+        for (int64_t l = 0; l < keys; ++l) sum += p[i][l] * w.value_rows[l][c0];
+        const float total = w.totals[r0 + i];
+        out_rows[r0 + i][c0] = total == 0.f ? 0.f : sum / total;
+      }
+    }
+  }
+}
+
+template <typename T>
+void attend(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+            const at::Tensor& key_slots, const at::Tensor& visible, double scale, at::Tensor& out) {
+  const int64_t tiles = query.size(0), width = query.size(1), heads = query.size(2), dim = query.size(3);
+  const int64_t kv_heads = key_cache.size(1), keys = key_slots.size(1);
+  const int64_t group = heads / kv_heads, rows = width * group;
+  const float* q_ptr = query.data_ptr<float>();
+  const T* k_ptr = key_cache.data_ptr<T>();
+  const T* v_ptr = value_cache.data_ptr<T>();
+  const int64_t* slot_ptr = key_slots.data_ptr<int64_t>();
+  const bool* vis_ptr = visible.data_ptr<bool>();
+  float* o_ptr = out.data_ptr<float>();
+
+  // One task per (tile, KV head): its rows (query slot q, head h of the group: row
+  // q * group + h % group) share the keys, so each key and value row is read once per task.
+  at::parallel_for(0, tiles * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    Scratch scratch;
+    std::vector<const float*> q_rows(rows);
+    std::vector<float*> out_rows(rows);
+    std::vector<const bool*> vis_rows(rows);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t n = task / kv_heads, g = task % kv_heads;
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t qs = r / group, h = g * group + r % group;
+        q_rows[r] = q_ptr + ((n * width + qs) * heads + h) * dim;
+        out_rows[r] = o_ptr + ((n * width + qs) * heads + h) * dim;
+        vis_rows[r] = vis_ptr + (n * width + qs) * keys;
+      }
+      attend_task<T>(q_rows.data(), rows, k_ptr + g * dim, v_ptr + g * dim, slot_ptr + n * keys, vis_rows.data(),
+                     keys, kv_heads * dim, dim, static_cast<float>(scale), out_rows.data(), scratch);
+    }
+  });
+}
+
+at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                           const at::Tensor& key_slots, const at::Tensor& visible, double scale) {
+  TORCH_CHECK(query.dim() == 4 && query.scalar_type() == at::kFloat, "query: [N, Q, H, D] float32");
+  TORCH_CHECK(key_cache.dim() == 3 && key_cache.sizes() == value_cache.sizes(), "caches: [S, KVH, D] alike");
+  TORCH_CHECK(key_cache.scalar_type() == value_cache.scalar_type(), "caches: one dtype");
+  TORCH_CHECK(key_cache.size(2) == query.size(3) && query.size(2) % key_cache.size(1) == 0,
+              "query heads must be a multiple of the KV heads, with the same head size");
+  TORCH_CHECK(key_slots.dim() == 2 && key_slots.size(0) == query.size(0) && key_slots.scalar_type() == at::kLong,
+              "key_slots: [N, L] int64");
+  TORCH_CHECK(visible.dim() == 3 && visible.size(0) == query.size(0) && visible.size(1) == query.size(1) &&
+                  visible.size(2) == key_slots.size(1) && visible.scalar_type() == at::kBool,
+              "visible: [N, Q, L] bool");
+  auto q = query.contiguous();
+  auto k = key_cache.contiguous();
+  auto v = value_cache.contiguous();
+  auto slots = key_slots.contiguous();
+  auto vis = visible.contiguous();
+  auto out = at::empty(query.sizes(), query.options());
+  if (k.scalar_type() == at::kFloat) {
+    attend<float>(q, k, v, slots, vis, scale, out);
+  } else {
+    TORCH_CHECK(k.scalar_type() == at::kBFloat16, "caches: float32 or bfloat16");
+    attend<c10::BFloat16>(q, k, v, slots, vis, scale, out);
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(eagle_serve, m) {
+  m.def("paged_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor key_slots, "
+        "Tensor visible, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(eagle_serve, CPU, m) { m.impl("paged_attention", &paged_attention); }
