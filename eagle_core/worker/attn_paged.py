@@ -221,6 +221,8 @@ class PagedBackend:
         self.trash_slot = trash_slot
         if in_place is None:
             in_place = device.type == "cpu" and paged_attention_available()
+        elif in_place and not (device.type == "cpu" and paged_attention_available()):
+            raise ValueError("the in-place attention kernel runs on the CPU, where it could be built")
         self.in_place = in_place
 
     def prepare(self, groups: list[SeqGroup]) -> ForwardBatch:
