@@ -50,6 +50,15 @@ class ModelConfig:
     (made for compilation: one graph for every step); "gather": copies each group's K/V out and
     runs sdpa per group (the reference); "auto": paged when compiling, gather otherwise."""
 
+    deterministic: bool = False
+    """True: a seeded request gets the same tokens alone and in any batch, with or without
+    speculation, in bf16 as in fp32: every token's logits are a function of its own sequence,
+    bit for bit (docs/api.md, "Deterministic mode", says what is and is not covered). The
+    target's linears run in fixed blocks of rows (worker/invariant_linear.py) and its attention
+    over each token's own key list (worker/attn_invariant.py), eagerly: it needs compile "off"
+    or "auto" (which then means off) and attention_backend "auto". False: the fast kernels,
+    whose results may change in the last bits with the batch."""
+
     control_tokens_in_content: bool = False
     """False: chat message content is tokenized as plain text, so text like "<|im_start|>" that a
     user writes never becomes the model's control tokens (only the chat template makes them;
@@ -62,6 +71,12 @@ class ModelConfig:
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention_backend!r}"
+            )
+        if self.deterministic and self.compile not in ("auto", "off"):
+            raise ValueError(f"deterministic mode runs eagerly: compile must be auto or off, got {self.compile!r}")
+        if self.deterministic and self.attention_backend != "auto":
+            raise ValueError(
+                f"deterministic mode uses its own attention: attention_backend must be auto, got {self.attention_backend!r}"
             )
         if self.weight_packing not in WEIGHT_PACKINGS:
             raise ValueError(

@@ -130,6 +130,15 @@ FLAGS: tuple[Flag, ...] = (
         choices=ATTENTION_BACKENDS,
     ),
     Flag(
+        "--deterministic",
+        "model",
+        "deterministic",
+        "true: a seeded request gets the same tokens alone and in any batch, with or without "
+        "speculation, in bf16 as in fp32 (batch-invariant linears and attention, run eagerly: "
+        "needs --compile auto or off and --attention-backend auto; slower, docs/api.md); false: "
+        "the fast kernels, whose results may change in the last bits with the batch",
+    ),
+    Flag(
         "--control-tokens-in-content",
         "model",
         "control_tokens_in_content",
@@ -327,13 +336,13 @@ def parse_args(
     if _to_bool(NO_SPECULATION, merged.get(NO_SPECULATION, False)):
         values["spec"]["draft"] = None
 
-    engine_config = EngineConfig(
-        model=ModelConfig(**values["model"]),
-        cache=CacheConfig(**values["cache"]),
-        scheduler=SchedulerConfig(**values["scheduler"]),
-        spec=SpecConfig(**values["spec"]),
-    )
-    try:
+    try:  # values that conflict (--deterministic with --compile on) or are out of range
+        engine_config = EngineConfig(
+            model=ModelConfig(**values["model"]),
+            cache=CacheConfig(**values["cache"]),
+            scheduler=SchedulerConfig(**values["scheduler"]),
+            spec=SpecConfig(**values["spec"]),
+        )
         settings = ServerSettings(**values["server"])
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

@@ -24,12 +24,13 @@ def make_engine(
     weight_packing: str = "auto",
     compile: str = "off",
     attention_backend: str = "auto",
+    deterministic: bool = False,
     **sched,
 ) -> Engine:
     config = EngineConfig(
         model=ModelConfig(
             model=str(model_dir), dtype=dtype, device="cpu", max_model_len=max_model_len, weight_packing=weight_packing,
-            compile=compile, attention_backend=attention_backend,
+            compile=compile, attention_backend=attention_backend, deterministic=deterministic,
         ),
         cache=CacheConfig(kv_cache_tokens=kv_tokens),
         scheduler=dataclasses.replace(SchedulerConfig(), **sched),

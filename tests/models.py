@@ -119,7 +119,7 @@ def make_tiny_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def tiny_config(arch: str, tokenizer: PreTrainedTokenizerFast):
+def tiny_config(arch: str, tokenizer: PreTrainedTokenizerFast, **overrides):
     if arch not in _ARCH_OVERRIDES:
         raise ValueError(f"unknown tiny arch {arch!r}; choose from {TINY_ARCHS}")
     return AutoConfig.for_model(
@@ -128,15 +128,15 @@ def tiny_config(arch: str, tokenizer: PreTrainedTokenizerFast):
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **_COMMON,
-        **_ARCH_OVERRIDES[arch],
+        **{**_COMMON, **_ARCH_OVERRIDES[arch], **overrides},
     )
 
 
-def make_tiny_model_dir(arch: str, path: Path, seed: int = 0) -> Path:
-    """Write a tiny random-weight `arch` model (fp32) plus tokenizer into `path`; returns `path`."""
+def make_tiny_model_dir(arch: str, path: Path, seed: int = 0, **overrides) -> Path:
+    """Write a tiny random-weight `arch` model (fp32) plus tokenizer into `path`; returns `path`.
+    `overrides` change config fields (widths, heads, init)."""
     tokenizer = make_tiny_tokenizer()
-    config = tiny_config(arch, tokenizer)
+    config = tiny_config(arch, tokenizer, **overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     path.mkdir(parents=True, exist_ok=True)

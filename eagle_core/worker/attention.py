@@ -13,6 +13,8 @@ visibility rule (worker/inputs.py):
   two buckets of query tiles), sdpa per bucket; made for torch.compile. The default when compiling.
 - "gather" (worker/attn_gather.py): copies each group's K/V out and runs sdpa; the reference,
   and the default with --compile off.
+- "invariant" (worker/attn_invariant.py): each token over its own key list in fixed-shape
+  chunks, so its output does not depend on the rest of the batch; --deterministic's.
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ import torch
 from transformers import AttentionInterface
 
 from eagle_core.worker.attn_gather import GatherBackend
+from eagle_core.worker.attn_invariant import InvariantBackend
 from eagle_core.worker.attn_paged import PagedBackend
 from eagle_core.worker.inputs import ForwardBatch, SeqGroup
 from eagle_core.worker.kv_storage import KVStorage
 
 ATTN_NAME = "eagle_paged"
-BACKENDS = ("paged", "gather")
+BACKENDS = ("paged", "gather", "invariant")
 
 
 class AttentionBackend(Protocol):
@@ -44,6 +47,8 @@ def make_backend(name: str, block_size: int, kv: KVStorage) -> AttentionBackend:
         return PagedBackend(block_size, kv.kv.device, kv.trash_slot)
     if name == "gather":
         return GatherBackend(block_size, kv.kv.device, kv.trash_slot)
+    if name == "invariant":
+        return InvariantBackend(block_size, kv.kv.device, kv.trash_slot)
     raise ValueError(f"attention backend must be one of {', '.join(BACKENDS)}, got {name!r}")
 
 

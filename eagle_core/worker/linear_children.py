@@ -1,10 +1,30 @@
-"""Finding the nn.Linear layers of a module to wrap in place (int8 draft weights, packed weights)."""
+"""Finding the nn.Linear layers of a module to wrap in place (int8 draft weights, packed weights,
+block linears), and the base of the wrappers that keep the linear they wrap."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import torch
 from torch import nn
+
+
+class LinearWrapper(nn.Module):
+    """A module computing what `linear` does, another way. `weight` and `bias` are the wrapped
+    linear's, for code that reads them (a tied LM head's weight is the embedding's)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.linear = linear
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.linear.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.linear.bias
 
 
 def linear_children(module: nn.Module, skip: type[nn.Module]) -> Iterator[tuple[nn.Module, str, str, nn.Linear]]:

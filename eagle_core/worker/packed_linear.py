@@ -24,7 +24,7 @@ import logging
 import torch
 from torch import nn
 
-from eagle_core.worker.linear_children import linear_children
+from eagle_core.worker.linear_children import LinearWrapper, linear_children
 
 logger = logging.getLogger(__name__)
 
@@ -45,31 +45,20 @@ def wants_packing(mode: str, device: torch.device, dtype: torch.dtype, amx_bf16:
     )
 
 
-class PackedLinear(nn.Module):
+class PackedLinear(LinearWrapper):
     """A bf16 CPU nn.Linear plus its weight packed for oneDNN, which serves inputs of at most
-    ROW_LIMIT rows. `weight` and `bias` are the original linear's, for code that reads them (a
-    tied LM head's weight is the embedding's)."""
+    ROW_LIMIT rows."""
 
     def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
         if linear.weight.device.type != "cpu" or linear.weight.dtype != torch.bfloat16:
             raise ValueError(
                 f"PackedLinear needs a CPU bfloat16 linear; got {linear.weight.device.type} "
                 f"{linear.weight.dtype}"
             )
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.linear = linear
+        super().__init__(linear)
         # The batch-size hint picks oneDNN's blocking: 1 was fastest up to 64 rows.
         packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
         self.register_buffer("packed_weight", packed, persistent=False)
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.linear.weight
-
-    @property
-    def bias(self) -> torch.Tensor | None:
-        return self.linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [*, in] -> [*, out]
         rows = x.numel() // self.in_features

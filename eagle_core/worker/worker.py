@@ -28,6 +28,7 @@ from eagle_core.spec.int8_linear import quantize_linears, wants_int8
 from eagle_core.spec.lookup import ContextLookup
 from eagle_core.worker import attention
 from eagle_core.worker.compiled import CompileSettings
+from eagle_core.worker.invariant_linear import wrap_linears
 from eagle_core.worker.kv_storage import KVStorage
 from eagle_core.worker.loader import cpu_has_amx_bf16, cpu_has_native_bf16, dtype_name, load_model
 from eagle_core.worker.model_runner import PlainRunner, TargetModel, kv_shape
@@ -61,11 +62,14 @@ class Worker:
         self.compile_settings = compile_settings(config.model, self.device)
         """How the target's and the draft head's forwards are compiled; None: they run eagerly."""
         self.compiled = self.compile_settings is not None
-        self.attention_backend = resolve_attention_backend(config.model.attention_backend, self.compiled)
+        self.deterministic = config.model.deterministic
+        self.attention_backend = resolve_attention_backend(
+            config.model.attention_backend, self.compiled, self.deterministic
+        )
         self.packed_weights = False
         """Whether the target's (and the draft head's) bf16 linears run on oneDNN-packed weights
         in eager forwards (worker/packed_linear.py)."""
-        if not self.compiled and wants_packing(config.model.weight_packing, self.device, self.dtype, cpu_has_amx_bf16()):
+        if not self.compiled and not self.deterministic and wants_packing(config.model.weight_packing, self.device, self.dtype, cpu_has_amx_bf16()):
             packed = pack_linears(loaded.model)
             self.packed_weights = bool(packed)
             if packed:
@@ -75,6 +79,10 @@ class Worker:
         self.generation_eos = getattr(generation_config, "eos_token_id", None)
         cache = self.config.cache
         self.draft_head = self._load_draft_head(loaded) if self.config.spec.draft else None
+        if self.deterministic:
+            # The target's linears only: drafts propose, the target's logits decide every token.
+            # A draft head that shares the target's LM head keeps the plain module.
+            logger.info("deterministic mode: %d target linears in blocks of rows", len(wrap_linears(loaded.model)))
         self.target = TargetModel(
             loaded,
             cache.kv_cache_tokens,
@@ -156,7 +164,8 @@ class Worker:
             max_num_seqs=self.config.scheduler.max_num_seqs,
             dtype=self.dtype,
             device=self.device,
-            attention_backend=self.attention_backend,
+            # the invariant backend's cost buys nothing in drafts, which only propose
+            attention_backend="gather" if self.deterministic else self.attention_backend,
             compile=self.compile_settings,
         )
         self.num_tree_slots = spec.num_draft_tokens - 1
@@ -176,15 +185,19 @@ def compile_settings(model: ModelConfig, device: torch.device) -> CompileSetting
     """--compile: "on" and "max-autotune" compile ("max-autotune" also times each CPU GEMM's
     candidate kernels), "off" does not; "auto" compiles on the CPU, where the compiled step is
     tested and measured. On CUDA it is not yet verified (no CUDA graphs either), so "auto" keeps
-    the eager path there until a GPU run shows the compiled one works."""
+    the eager path there until a GPU run shows the compiled one works. Deterministic mode runs
+    eagerly (ModelConfig.deterministic)."""
     mode = model.compile
-    if mode == "off" or (mode == "auto" and device.type != "cpu"):
+    if mode == "off" or (mode == "auto" and (device.type != "cpu" or model.deterministic)):
         return None
     return CompileSettings(pack_weights=model.weight_packing != "none", autotune=mode == "max-autotune")
 
 
-def resolve_attention_backend(name: str, compiled: bool) -> str:
-    """--attention-backend auto: the in-place backend when compiling, the reference otherwise."""
+def resolve_attention_backend(name: str, compiled: bool, deterministic: bool = False) -> str:
+    """--attention-backend auto: the batch-invariant backend in deterministic mode, else the
+    in-place backend when compiling and the reference otherwise."""
+    if deterministic:
+        return "invariant"
     if name == "auto":
         return "paged" if compiled else "gather"
     return name

@@ -131,6 +131,12 @@ def test_optional_values_accept_none(tmp_path):
     assert engine.model.max_model_len is None
 
 
+def test_deterministic_flag():
+    assert not parse_args([], environ={})[0].model.deterministic
+    assert parse_args(["--deterministic", "true"], environ={})[0].model.deterministic
+    assert parse_args([], environ={"EAGLE_SERVE_DETERMINISTIC": "1"})[0].model.deterministic
+
+
 @pytest.mark.parametrize(
     ("argv", "env", "match"),
     [
@@ -139,6 +145,8 @@ def test_optional_values_accept_none(tmp_path):
         ([], {"EAGLE_SERVE_NO_SPECULATION": "maybe"}, "no_speculation"),
         (["--config", "/nonexistent.yaml"], {}, "not found"),
         (["--shutdown-timeout", "-1"], {}, "shutdown_timeout"),
+        (["--deterministic", "true", "--compile", "on"], {}, "deterministic mode runs eagerly"),
+        (["--deterministic", "yes", "--attention-backend", "paged"], {}, "attention_backend must be auto"),
     ],
 )
 def test_bad_values_raise_config_error(argv, env, match):
