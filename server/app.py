@@ -36,7 +36,7 @@ from server.errors import (
     shutting_down,
 )
 from server.metrics import ServerMetrics
-from server.routes import ClientGone, router, validation_error
+from server.routes import ClientGone, openapi_components, router, validation_error
 from server.settings import ServerSettings
 from server.shutdown import Drain, DrainMiddleware
 
@@ -65,6 +65,7 @@ def create_app(engine_client: EngineClient, settings: ServerSettings) -> FastAPI
         engine_client, lambda: settings.served_model_name or engine_client.model_name or "default"
     )
     app.include_router(router)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     unexpected = _add_error_handlers(app)
     # Each add_middleware wraps the ones before it. CORS, outermost, must answer preflights
     # before the key check (browsers send no Authorization on OPTIONS) and must decorate every
@@ -88,6 +89,22 @@ def create_app(engine_client: EngineClient, settings: ServerSettings) -> FastAPI
             allow_headers=["*"],
         )
     return app
+
+
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's OpenAPI document, completed: the request models the routes declare (they parse
+    raw bodies, so FastAPI has no schema of its own for them), and without FastAPI's 422
+    validation answer, which this server never gives (a bad request is a 400)."""
+    if app.openapi_schema is None:
+        document = FastAPI.openapi(app)
+        schemas = document.setdefault("components", {}).setdefault("schemas", {})
+        schemas.update(openapi_components())
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+        for operations in document["paths"].values():
+            for operation in operations.values():
+                operation.get("responses", {}).pop("422", None)
+    return app.openapi_schema
 
 
 def _add_error_handlers(app: FastAPI) -> Callable[[Request, Exception], Awaitable[Response]]:

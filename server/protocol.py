@@ -55,6 +55,19 @@ class TextPart(_Request):
 
 
 class ChatMessage(_Request):
+    # The JSON schema (OpenAPI) states _content_where_required too.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"role": {"not": {"const": "assistant"}}}},
+            "then": {
+                "required": ["content"],
+                "properties": {
+                    "content": {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1}]}
+                },
+            },
+        }
+    )
+
     # "developer" is OpenAI's newer name for "system"; templates only know "system".
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
@@ -242,6 +255,10 @@ class CompletionRequest(_SamplingRequest):
 
 
 class TokenizeRequest(_Request):
+    model_config = ConfigDict(
+        json_schema_extra={"anyOf": [{"required": ["prompt"]}, {"required": ["messages"]}]}
+    )
+
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -378,11 +395,22 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+class TokenizeResponse(BaseModel):
+    tokens: list[int]
+    count: int
+    max_model_len: int | None
+
+
+class HealthStatus(BaseModel):
+    status: Literal["ok", "loading", "failed", "stopped"]
+
+
 class ErrorInfo(BaseModel):
+    # Every key is always present (null when it does not apply), as in OpenAI's errors.
     message: str
     type: str
-    param: str | None = None
-    code: str | None = None
+    param: str | None
+    code: str | None
 
 
 class ErrorResponse(BaseModel):

@@ -3,6 +3,10 @@
 Bodies are parsed from raw bytes whatever the Content-Type, so `curl -d '{...}'` without
 `-H 'Content-Type: application/json'` works too. Everything that can fail (validation, model
 name, queue full, prompt too long) fails before a stream starts, as a plain HTTP error.
+
+Since the routes read raw bodies, FastAPI cannot see their request models: each route declares
+its body (`_json_body`) and its answers (`_answers`) for the OpenAPI document (/openapi.json),
+and `openapi_components()` gives the request models' schemas that document refers to.
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ import uuid
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ValidationError
+from pydantic.json_schema import models_json_schema
 
 from eagle_core.errors import InvalidRequestError
 from server.choices import (
@@ -30,15 +35,20 @@ from server.errors import APIError, bad_request, model_not_found
 from server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from server.protocol import (
     ChatChoice,
+    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionChoice,
+    CompletionChunk,
     CompletionRequest,
     CompletionResponse,
+    ErrorResponse,
+    HealthStatus,
     ModelCard,
     ModelList,
     ResponseMessage,
     TokenizeRequest,
+    TokenizeResponse,
 )
 from server.settings import ServerSettings
 from server.shutdown import Drain
@@ -102,6 +112,8 @@ def validation_error(exc: ValidationError) -> APIError:
     param = ".".join(loc) or None
     if err.get("type") == "json_invalid":
         return bad_request(f"Request body is not valid JSON: {err.get('msg')}", None)
+    if param is None:  # the body itself, e.g. a JSON array rather than an object
+        return bad_request(f"Invalid request body: {err.get('msg')}", None)
     if err.get("type") == "missing":
         return bad_request(f"Missing required parameter: '{param}'", param)
     return bad_request(f"Invalid value for '{param}': {err.get('msg')}", param)
@@ -167,10 +179,94 @@ def _stream_meta(
     )
 
 
+# ---------------------------------------------------------------- OpenAPI declarations
+
+# Models FastAPI cannot find in the routes' signatures: the request bodies, and the chunks of
+# the event streams.
+_REQUEST_MODELS = (ChatCompletionRequest, CompletionRequest, TokenizeRequest)
+_CHUNK_MODELS = (ChatCompletionChunk, CompletionChunk)
+
+_ERRORS = {
+    400: "Invalid request: a bad parameter (`param` names it), an unsupported feature, malformed JSON",
+    401: "Missing or wrong API key (only when the server runs with --api-key)",
+    404: "Unknown model (`model_not_found`)",
+    413: "Request body over --max-request-bytes",
+    429: "The waiting queue is full; Retry-After says when to retry",
+    500: "Unexpected server error",
+    503: "The model is loading, the server is stopping, or the engine failed",
+}
+
+# Which errors each kind of route can answer with: every /v1/* route and /tokenize check the API
+# key and readiness; the POST ones also limit the body and validate it.
+_GET_API_ERRORS = (401, 404, 500, 503)
+_POST_API_ERRORS = (400, 401, 404, 413, 500, 503)
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` declaring `model` as the route's JSON body (the route parses it itself)."""
+    content = {"application/json": {"schema": _ref(model)}}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+def _event_stream(chunk: type[BaseModel]) -> dict[str, Any]:
+    """The text/event-stream media type of a stream of `chunk`s: `itemSchema` (OpenAPI 3.2's
+    schema of one event) says each event's data is a chunk, an error, or `[DONE]`."""
+    json_data = {
+        "type": "string",
+        "contentMediaType": "application/json",
+        "contentSchema": {"anyOf": [_ref(chunk), _ref(ErrorResponse)]},
+    }
+    return {
+        "itemSchema": {
+            "type": "object",
+            "required": ["data"],
+            "properties": {"data": {"anyOf": [{"const": "[DONE]"}, json_data]}},
+        }
+    }
+
+
+def _answers(
+    ok: type[BaseModel], errors: tuple[int, ...], chunk: type[BaseModel] | None = None
+) -> dict[int | str, dict[str, Any]]:
+    """`responses` for a route: `ok` as its 200 body (or a stream of `chunk`s, when given, with
+    `stream: true`), and `errors`, each in OpenAI's error format."""
+    answers: dict[int | str, dict[str, Any]] = {
+        status: {"model": ErrorResponse, "description": _ERRORS[status]} for status in errors
+    }
+    answers[200] = {"model": ok, "description": "Success"}
+    if chunk is not None:
+        answers[200]["description"] = "Success: JSON, or server-sent events with `stream: true`"
+        answers[200]["content"] = {"text/event-stream": _event_stream(chunk)}
+    return answers
+
+
+def openapi_components() -> dict[str, dict[str, Any]]:
+    """JSON schemas of the request and chunk models (and the models they use), keyed by name,
+    for the OpenAPI document's components: the `$ref`s of `_json_body` and `_event_stream`
+    point at them."""
+    _, defs = models_json_schema(
+        [(model, "validation") for model in _REQUEST_MODELS]
+        + [(model, "serialization") for model in _CHUNK_MODELS],
+        ref_template="#/components/schemas/{model}",
+    )
+    return defs.get("$defs", {})
+
+
 # ---------------------------------------------------------------- routes
 
 
-@router.get("/health")
+@router.get(
+    "/health",
+    responses={
+        200: {"model": HealthStatus, "description": "Ready"},
+        503: {"model": HealthStatus, "description": "Not ready: loading, failed or stopped"},
+        500: {"model": ErrorResponse, "description": _ERRORS[500]},
+    },
+)
 async def health(request: Request) -> Response:
     client = _client(request)
     if client.state == "ready" and not _drain(request).stopping:
@@ -183,7 +279,17 @@ async def health(request: Request) -> Response:
     )
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={
+        200: {"description": "Prometheus text format"},
+        500: {
+            "description": _ERRORS[500],
+            "content": {"application/json": {"schema": _ref(ErrorResponse)}},
+        },
+    },
+)
 async def metrics(request: Request) -> Response:
     return Response(_metrics(request).render(), media_type=CONTENT_TYPE_LATEST)
 
@@ -200,12 +306,12 @@ def _model_card(request: Request) -> ModelCard:
     )
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=_answers(ModelList, _GET_API_ERRORS))
 async def list_models(request: Request) -> ModelList:
     return ModelList(data=[_model_card(request)])
 
 
-@router.get("/v1/models/{model_id:path}")
+@router.get("/v1/models/{model_id:path}", responses=_answers(ModelCard, _GET_API_ERRORS))
 async def retrieve_model(request: Request, model_id: str) -> ModelCard:
     """OpenAI's `models.retrieve`: the card of the served name or the engine's own model name
     (the names requests may use), 404 in OpenAI's format for any other."""
@@ -214,8 +320,12 @@ async def retrieve_model(request: Request, model_id: str) -> ModelCard:
     return card
 
 
-@router.post("/tokenize")
-async def tokenize(request: Request) -> dict[str, Any]:
+@router.post(
+    "/tokenize",
+    openapi_extra=_json_body(TokenizeRequest),
+    responses=_answers(TokenizeResponse, _POST_API_ERRORS),
+)
+async def tokenize(request: Request) -> TokenizeResponse:
     req = await _parse(request, TokenizeRequest)
     _check_model(request, req.model)
     client = _client(request)
@@ -227,10 +337,14 @@ async def tokenize(request: Request) -> dict[str, Any]:
         )
     else:
         raise bad_request("Either 'prompt' or 'messages' is required", "prompt")
-    return {"tokens": tokens, "count": len(tokens), "max_model_len": client.max_model_len}
+    return TokenizeResponse(tokens=tokens, count=len(tokens), max_model_len=client.max_model_len)
 
 
-@router.post("/v1/chat/completions")
+@router.post(
+    "/v1/chat/completions",
+    openapi_extra=_json_body(ChatCompletionRequest),
+    responses=_answers(ChatCompletionResponse, (*_POST_API_ERRORS, 429), ChatCompletionChunk),
+)
 async def chat_completions(request: Request) -> Response:
     req = await _parse(request, ChatCompletionRequest)
     model = _check_model(request, req.model)
@@ -268,7 +382,11 @@ async def chat_completions(request: Request) -> Response:
     return JSONResponse(body.model_dump())
 
 
-@router.post("/v1/completions")
+@router.post(
+    "/v1/completions",
+    openapi_extra=_json_body(CompletionRequest),
+    responses=_answers(CompletionResponse, (*_POST_API_ERRORS, 429), CompletionChunk),
+)
 async def completions(request: Request) -> Response:
     req = await _parse(request, CompletionRequest)
     model = _check_model(request, req.model)
@@ -303,4 +421,4 @@ async def completions(request: Request) -> Response:
     return JSONResponse(body.model_dump())
 
 
-__all__ = ["ClientGone", "router", "served_model_name", "validation_error"]
+__all__ = ["ClientGone", "openapi_components", "router", "served_model_name", "validation_error"]

@@ -462,6 +462,15 @@ async def test_400_for_malformed_json(server):
     assert_error(resp, 400)
 
 
+@pytest.mark.parametrize("body", [b"[1, 2]", b'"hi"', b"null", b"3"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/tokenize"])
+async def test_400_for_a_body_that_is_not_an_object(server, path, body):
+    """Found while fuzzing the routes: the message read "Invalid value for 'None'"."""
+    _, _, http = server
+    err = assert_error(await http.post(path, content=body), 400)
+    assert err["message"] == "Invalid request body: Input should be an object"
+
+
 async def test_401_when_api_key_is_set():
     _, client, http = await make_server(api_key="sekret")
     await client.wait_ready()

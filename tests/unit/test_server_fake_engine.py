@@ -27,6 +27,7 @@ class FakeTokenizer:
 
     eos_token_id = 0
     chat_template = "fake"
+    vocab_size = 0x110000  # every code point
 
     def __call__(self, text: str):
         class Encoded:
@@ -83,6 +84,8 @@ class FakeEngine:
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
         self._note_thread()
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not all(0 <= t < self.tokenizer.vocab_size for t in ids):  # as the real engine
+            raise InvalidRequestError("prompt token ids out of range", param="prompt")
         if not ids:
             raise InvalidRequestError("prompt must not be empty", param="prompt")
         room = self.max_model_len - len(ids)
