@@ -32,7 +32,7 @@ serve: install
 	$(PY) -m server --host $(HOST) --port $(PORT) $(SERVE_ARGS)
 
 test: install
-	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rs --durations=30 $(PYTEST_ARGS)
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not e2e" $(PYTEST_ARGS)
