@@ -15,6 +15,9 @@ bucket's visibility mask: torch's fused kernel with GQA, instead of a hand-writt
 Since one tile's queries read its keys once, a prefill chunk costs about what contiguous attention
 costs. Both buckets always exist, so the forward has one structure and torch.compile builds one
 graph (worker/compiled.py); an empty bucket is a dummy of 2 x 2 tiles that nothing reads back.
+On the CPU, where the project's operator is built (worker/cpu_kernels.py), both buckets go
+through it instead: tiles of few query slots are read in place from the cache (no gathered copy,
+and a dummy bucket costs microseconds, not an sdpa call per layer), wide tiles gather + sdpa.
 
 Per-token metadata (the rule of worker/inputs.py) and per-tile metadata:
 
@@ -78,8 +81,9 @@ class PagedMetadata:
     out_index: torch.Tensor  # [T] long: row of each token in cat(narrow outputs, wide outputs)
     block_size: int
     trash_slot: int
-    in_place_narrow: bool
-    """The narrow bucket attends with the CPU kernel that reads keys in place (worker/cpu_kernels.py)."""
+    in_place: bool
+    """Both buckets attend through the CPU operator (worker/cpu_kernels.py), which reads keys in
+    place for tiles of few query slots and gathers them for sdpa for wide ones."""
     slot_mapping: torch.Tensor | None = None  # [T] long; derived
 
     def dynamic_tensors(self) -> list[torch.Tensor]:
@@ -123,7 +127,7 @@ class PagedMetadata:
         outputs = []
         for tiles in (self.narrow, self.wide):
             num_tiles, width = tiles.tokens.shape
-            if tiles is self.narrow and self.in_place_narrow:
+            if self.in_place:
                 q = query[0].transpose(0, 1)[tiles.tokens].float()  # [N, Q, heads, head_dim]
                 out = torch.ops.eagle_serve.paged_attention(
                     q, kv[layer, 0], kv[layer, 1], tiles.key_slots, tiles.visible[:, 0],
@@ -214,7 +218,7 @@ class PagedBackend:
     name = "paged"
 
     def __init__(self, block_size: int, device: torch.device, trash_slot: int, in_place: bool | None = None):
-        """`in_place`: the narrow bucket attends with the CPU kernel that reads the cache in place;
+        """`in_place`: attention runs through the CPU operator that reads narrow tiles in place;
         by default wherever it can (a CPU device and the kernel built, worker/cpu_kernels.py)."""
         self.block_size = block_size
         self.device = device
@@ -286,7 +290,7 @@ class PagedBackend:
             out_index=out_index.to(device),
             block_size=self.block_size,
             trash_slot=self.trash_slot,
-            in_place_narrow=self.in_place,
+            in_place=self.in_place,
         )
         input_ids = torch.cat([t.to(device) for t in ids])
         return ForwardBatch(input_ids, torch.cat([p.to(device) for p in positions]), meta, offsets, total)

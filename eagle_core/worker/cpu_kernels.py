@@ -2,7 +2,8 @@
 
 `paged_attention_available()` builds and loads `csrc/paged_attention.cpp` once per process: a
 torch operator, `torch.ops.eagle_serve.paged_attention`, that attends query tiles over keys and
-values read in place from the paged cache (its contract is in the source). torch.compile calls
+values of the paged cache, read in place for tiles of few query slots (its contract is in the
+source). torch.compile calls
 it as an opaque operator (its shapes come from `_fake_paged_attention`).
 
 The build uses torch's C++ extension tooling (ninja, the system's C++ compiler, the same one

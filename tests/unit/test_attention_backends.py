@@ -88,7 +88,7 @@ def test_paged_equals_gather_outputs_and_kv_writes(paged_backend):
 def test_in_place_kernel_reads_a_bfloat16_cache_like_the_reference():
     paged, _, batch = run(IN_PLACE, dtype=torch.bfloat16)
     gather, _, _ = run(GatherBackend, dtype=torch.bfloat16)
-    assert batch.meta.in_place_narrow
+    assert batch.meta.in_place
     torch.testing.assert_close(paged.float(), gather.float(), rtol=2e-2, atol=2e-2)
 
 
@@ -149,12 +149,13 @@ def test_a_causal_token_ignores_keys_past_its_position(backend):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("tiles", "width", "head_dim"), [(3, 1, 64), (2, 11, 64), (2, 5, 128), (1, 3, 40)])
+@pytest.mark.parametrize(("tiles", "width", "head_dim"), [(3, 1, 64), (2, 11, 64), (2, 5, 128), (1, 3, 40), (2, 40, 64)])
 def test_in_place_kernel_equals_sdpa_over_gathered_keys(dtype, tiles, width, head_dim):
     """The kernel on its own against sdpa over the same keys gathered: SmolLM2's head grouping
     (9 query heads, 3 KV heads), key counts that are not a multiple of a vector, query rows past
-    a register block, head sizes that are and are not a multiple of its output span, keys
-    scattered over the cache, and a query slot that sees no key (zeros)."""
+    a register block, head sizes that are and are not a multiple of its output span, tiles wide
+    enough to go through its gather + sdpa path, keys scattered over the cache, and a query slot
+    that sees no key (zeros)."""
     torch.manual_seed(0)
     heads, kv_heads, keys, slots = 9, 3, 37, 200
     key_cache = torch.randn(slots, kv_heads, head_dim).to(dtype)

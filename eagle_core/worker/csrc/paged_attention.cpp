@@ -1,9 +1,13 @@
-// Attention of query tiles over keys and values read in place from the paged KV cache (CPU).
+// Attention of query tiles over keys and values read from the paged KV cache (CPU).
 //
-// Why by hand: the sdpa path (worker/attn_paged.py) first gathers every tile's keys and values
-// out of the cache into a dense copy, which for decode tiles costs more memory traffic than the
-// attention itself; no library for this torch offers a CPU kernel that reads a paged cache in
-// place (flex_attention's CPU template does, but runs decode tiles slower than gather + sdpa).
+// Tiles of at most kKernelMaxQuery query slots (decode tokens, trees, draft levels, and the
+// dummy bucket of a step without prefill) go through this file's kernel, which reads keys and
+// values in place. Why by hand: gathering every tile's keys and values into a dense copy for
+// sdpa costs more memory traffic than such tiles' attention itself, and sdpa's fixed cost per
+// call is paid in every layer; no library for this torch offers a CPU kernel that reads a
+// paged cache in place (flex_attention's CPU template does, but runs decode tiles slower than
+// gather + sdpa). Wider tiles (prefill chunks) gather and call sdpa, whose blocked matrix
+// products reuse each key across many query rows better than this kernel's 8-row blocks.
 //
 // Contract (shapes checked below):
 //   query       [N, Q, H, D] float32: Q query slots of each of N tiles, H heads
@@ -33,6 +37,7 @@ constexpr int64_t kKeys = Vec::size();  // keys whose scores one vector holds
 constexpr int64_t kScoreRows = 8;       // query rows scored together: independent accumulators
 constexpr int64_t kOutRows = 4;         // query rows whose outputs accumulate together ...
 constexpr int64_t kOutVecs = 4;         // ... kOutVecs vectors wide
+constexpr int64_t kKernelMaxQuery = 16; // wider tiles gather + sdpa (see the top of the file)
 
 // A cache row as floats.
 inline void to_float(const float* src, float* dst, int64_t dim) { std::copy(src, src + dim, dst); }
@@ -198,6 +203,21 @@ void attend(const at::Tensor& query, const at::Tensor& key_cache, const at::Tens
   });
 }
 
+// The reference computation for wide tiles: keys and values gathered into [N, KVH, L, D]
+// float32 copies, then sdpa with grouped-query attention (rows that see no key get zeros).
+at::Tensor gathered_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                              const at::Tensor& key_slots, const at::Tensor& visible, double scale) {
+  const int64_t tiles = query.size(0), keys = key_slots.size(1);
+  const auto slots = key_slots.reshape({-1});
+  auto gather = [&](const at::Tensor& cache) {  // [N, KVH, L, D] float32
+    return cache.index_select(0, slots).view({tiles, keys, cache.size(1), cache.size(2)}).transpose(1, 2).to(at::kFloat);
+  };
+  const auto out = at::scaled_dot_product_attention(
+      query.transpose(1, 2), gather(key_cache), gather(value_cache), visible.unsqueeze(1), 0.0, false, scale,
+      query.size(2) != key_cache.size(1));  // [N, H, Q, D]
+  return out.transpose(1, 2).contiguous();  // [N, Q, H, D]
+}
+
 at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
                            const at::Tensor& key_slots, const at::Tensor& visible, double scale) {
   TORCH_CHECK(query.dim() == 4 && query.scalar_type() == at::kFloat, "query: [N, Q, H, D] float32");
@@ -210,6 +230,7 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& key_cache,
   TORCH_CHECK(visible.dim() == 3 && visible.size(0) == query.size(0) && visible.size(1) == query.size(1) &&
                   visible.size(2) == key_slots.size(1) && visible.scalar_type() == at::kBool,
               "visible: [N, Q, L] bool");
+  if (query.size(1) > kKernelMaxQuery) return gathered_attention(query, key_cache, value_cache, key_slots, visible, scale);
   auto q = query.contiguous();
   auto k = key_cache.contiguous();
   auto v = value_cache.contiguous();
