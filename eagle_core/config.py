@@ -66,6 +66,7 @@ class ModelConfig:
     as the tokenizer does by default."""
 
     def __post_init__(self) -> None:
+        check_least(self, (("max_model_len", 1),))
         if self.compile not in COMPILE_MODES:
             raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
@@ -84,6 +85,14 @@ class ModelConfig:
             )
 
 
+def check_least(config: object, limits: tuple[tuple[str, float], ...]) -> None:
+    """ValueError unless each named field of `config` is None or at least its limit."""
+    for name, least in limits:
+        value = getattr(config, name)
+        if value is not None and value < least:
+            raise ValueError(f"{name} must be at least {least}, got {value}")
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
@@ -92,6 +101,11 @@ class CacheConfig:
     """KV budget in tokens across all sequences; None derives it from kv_cache_memory_gb."""
     kv_cache_memory_gb: float = 1.0
     """KV budget in GiB when kv_cache_tokens is not given."""
+
+    def __post_init__(self) -> None:
+        check_least(self, (("block_size", 1), ("kv_cache_tokens", 1)))
+        if not self.kv_cache_memory_gb > 0:
+            raise ValueError(f"kv_cache_memory_gb must be positive, got {self.kv_cache_memory_gb}")
 
 
 @dataclass(frozen=True)
@@ -102,6 +116,9 @@ class SchedulerConfig:
     """Token budget of one step: prefill chunk tokens + decode tokens (draft trees included)."""
     max_waiting: int = 256
     """Longest waiting queue; the server answers 429 past it."""
+
+    def __post_init__(self) -> None:
+        check_least(self, (("max_num_seqs", 1), ("max_num_batched_tokens", 1), ("max_waiting", 0)))
 
 
 DRAFT_QUANTIZATIONS = ("auto", "int8", "none")
@@ -181,11 +198,8 @@ class SpecConfig:
         return replace(self, **unset)
 
     def __post_init__(self) -> None:
-        for name, least in (("num_draft_tokens", 1), ("depth", 1), ("top_k", 1), ("max_batch", 0), ("lookup_tokens", 0),
-                            ("lookup_max_batch", 0)):
-            value = getattr(self, name)
-            if value is not None and value < least:
-                raise ValueError(f"{name} must be at least {least}, got {value}")
+        check_least(self, (("num_draft_tokens", 1), ("depth", 1), ("top_k", 1), ("max_batch", 0), ("lookup_tokens", 0),
+                           ("lookup_max_batch", 0), ("defer_limit", 0)))
         if self.draft_quantization not in DRAFT_QUANTIZATIONS:
             raise ValueError(
                 f"draft_quantization must be one of {', '.join(DRAFT_QUANTIZATIONS)}, "

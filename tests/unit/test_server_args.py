@@ -147,6 +147,16 @@ def test_deterministic_flag():
         (["--shutdown-timeout", "-1"], {}, "shutdown_timeout"),
         (["--deterministic", "true", "--compile", "on"], {}, "deterministic mode runs eagerly"),
         (["--deterministic", "yes", "--attention-backend", "paged"], {}, "attention_backend must be auto"),
+        # numbers out of range, which the engine would otherwise take and fail on later
+        (["--max-num-seqs", "-3"], {}, "max_num_seqs must be at least 1"),
+        (["--max-num-batched-tokens", "0"], {}, "max_num_batched_tokens must be at least 1"),
+        (["--max-waiting", "-1"], {}, "max_waiting must be at least 0"),
+        (["--block-size", "-1"], {}, "block_size must be at least 1"),
+        (["--kv-cache-tokens", "0"], {}, "kv_cache_tokens must be at least 1"),
+        (["--kv-cache-memory-gb", "-1"], {}, "kv_cache_memory_gb must be positive"),
+        (["--max-model-len", "-5"], {}, "max_model_len must be at least 1"),
+        (["--port", "70000"], {}, "port must be between"),
+        (["--max-request-bytes", "0"], {}, "max_request_bytes must be at least 1"),
     ],
 )
 def test_bad_values_raise_config_error(argv, env, match):
