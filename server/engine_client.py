@@ -2,8 +2,7 @@
 
 One background thread owns the engine: it loads it, then loops
     apply queued commands (add / abort)  ->  engine.step()  ->  hand outputs to the event loop
-and sleeps on a threading.Event when there is no work. Between steps it gives freed heap memory
-back to the OS now and then (server/heap.py). Commands go in through a thread-safe
+and sleeps on a threading.Event when there is no work. Commands go in through a thread-safe
 queue and are applied *between* steps, because the engine is not thread-safe. Outputs come back
 to the event loop in one `call_soon_threadsafe` per step (not one per request), and are routed to
 per-request asyncio queues there, so every asyncio object is only touched on the loop's thread.
@@ -26,7 +25,6 @@ from typing import Any, Protocol
 from eagle_core.errors import InvalidRequestError
 from eagle_core.outputs import RequestOutput
 from eagle_core.sampling_params import SamplingParams
-from server.heap import HeapTrimmer
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +125,6 @@ class EngineClient:
         self.load_error: BaseException | None = None
         self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._heap = HeapTrimmer()  # engine thread only
         self._stop = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -343,7 +340,6 @@ class EngineClient:
             if self._stop:
                 return
             if not engine.has_unfinished():
-                self._heap.maybe_trim()
                 self._wake.wait()
                 self._wake.clear()
                 continue
@@ -361,7 +357,6 @@ class EngineClient:
             self._publish_counts(engine)
             if outputs:
                 self._call_soon(self._dispatch, outputs)
-            self._heap.maybe_trim()
 
     def _queued_commands(self) -> Iterator[_Add | _Abort | None]:
         """Take the queued commands, without waiting for more."""
