@@ -12,9 +12,12 @@ blocking) and on whether a token is a tree node or a plainly decoded token. Here
   for would in plain decoding once the accepted path is moved into place, and a prompt token
   the same whatever chunk of the prompt it was computed in.
 - Its key list is cut into chunks of CHUNK positions (the last padded with masked entries).
-  Scores and weighted values are batched matmuls with one entry per (token, KV head) and chunk,
-  [G, d] x [d, CHUNK] and [G, CHUNK] x [CHUNK, d]: fixed shapes, and a batched matmul's entry was
-  measured not to depend on the other entries (tests/unit/test_invariant_attention.py checks it).
+  Scores and weighted values are products of fixed shapes per (token, KV head) and chunk,
+  [G, d] x [d, CHUNK] and [G, CHUNK] x [CHUNK, d], computed as an elementwise product and a sum
+  over d (or over the chunk's positions): a reduction of a fixed length whose order does not
+  depend on how many tokens the call holds. Not torch.bmm: on the AMD EPYC VM (AVX512-BF16) a
+  batched matmul's entry changed with the batch's size (tests/unit/test_invariant_attention.py
+  checks a token alone against tiles of several).
   The softmax's max is exact; chunk results are added in chunk order, and the chunks past a
   token's own list add exact zeros. So a longer neighbour, which lengthens the key list of the
   forward, cannot change a token's sums.
@@ -106,9 +109,10 @@ def token_attention(
     k = keys[key_slots].float()  # [t, L, kv_heads, d]
     v = values[key_slots].float()  # [t, L, kv_heads, d]
     grouped = (q.float() * (scale or d**-0.5)).reshape(t * kv_heads, group, d)  # [t*kv, G, d]
+    k = k.permute(0, 2, 1, 3).reshape(t * kv_heads, length, d)  # [t*kv, L, d]
+    v = v.permute(0, 2, 1, 3).reshape(t * kv_heads, length, d)  # [t*kv, L, d]
     scores = torch.cat(
-        [torch.bmm(grouped, k[:, c : c + CHUNK].permute(0, 2, 3, 1).reshape(t * kv_heads, d, CHUNK))
-         for c in range(0, length, CHUNK)],
+        [(grouped[:, :, None, :] * k[:, None, c : c + CHUNK, :]).sum(dim=3) for c in range(0, length, CHUNK)],
         dim=2,
     )  # [t*kv, G, L]
     visible = (torch.arange(length, device=q.device) < key_count[:, None]).repeat_interleave(kv_heads, 0)  # [t*kv, L]
@@ -119,7 +123,7 @@ def token_attention(
     for c in range(0, length, CHUNK):
         chunk = weights[:, :, c : c + CHUNK].contiguous()  # [t*kv, G, CHUNK]
         total = total + chunk.sum(dim=2)
-        out = out + torch.bmm(chunk, v[:, c : c + CHUNK].permute(0, 2, 1, 3).reshape(t * kv_heads, CHUNK, d))
+        out = out + (chunk[:, :, :, None] * v[:, None, c : c + CHUNK, :]).sum(dim=2)  # [t*kv, G, d]
     return (out / total[:, :, None]).reshape(t, heads, d)
 
 

@@ -7,7 +7,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from eagle_core.worker.attn_invariant import CHUNK, InvariantBackend, visible_positions
+from eagle_core.worker.attn_invariant import (
+    CHUNK,
+    InvariantBackend,
+    token_attention,
+    visible_positions,
+)
 from eagle_core.worker.inputs import SeqGroup, causal_group
 from eagle_core.worker.invariant_linear import BLOCK_ROWS, BlockLinear
 
@@ -44,6 +49,25 @@ def test_a_decode_token_gets_the_same_bits_alone_and_beside_a_longer_sequence():
     keys, values = (_keys(kv, i, [0, 1, 2], CONTEXT + 1).repeat_interleave(HEADS // KV_HEADS, 0) for i in (0, 1))
     reference = F.scaled_dot_product_attention(q[:1].transpose(0, 1)[None], keys[None], values[None])  # [1, heads, 1, d]
     assert torch.allclose(alone[0], reference[0, :, 0], atol=1e-5)
+
+
+def test_a_token_gets_the_same_bits_alone_and_in_a_tile_of_others():
+    """SmolLM2's attention shapes (9 query heads over 3 KV heads, 64 wide), a bf16 cache: one
+    token's output alone, beside 1, 3 or 15 other tokens, and with the tile's key lists one chunk
+    longer than its own. (torch.bmm failed this on the AMD EPYC VM.)"""
+    generator = torch.Generator().manual_seed(0)
+    keys = torch.randn(300, 3, 64, generator=generator).to(torch.bfloat16)
+    values = torch.randn(300, 3, 64, generator=generator).to(torch.bfloat16)
+    q = torch.randn(16, 9, 64, generator=generator).to(torch.bfloat16)
+    slots = torch.randint(0, 300, (16, 2 * CHUNK), generator=generator)
+    count = torch.randint(1, 2 * CHUNK + 1, (16,), generator=generator)
+    count[0] = CHUNK - 13
+    alone = token_attention(q[:1], keys, values, slots[:1, :CHUNK], count[:1], None)[0]
+    for tile in (2, 4, 16):
+        for length in (CHUNK, 2 * CHUNK):
+            counts = count[:tile].clamp(max=length)
+            out = token_attention(q[:tile], keys, values, slots[:tile, :length], counts, None)
+            assert torch.equal(out[0], alone), (tile, length)
 
 
 def _keys(kv: torch.Tensor, which: int, table: list[int], length: int) -> torch.Tensor:
