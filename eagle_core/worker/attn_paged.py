@@ -16,8 +16,9 @@ Since one tile's queries read its keys once, a prefill chunk costs about what co
 costs. Both buckets always exist, so the forward has one structure and torch.compile builds one
 graph (worker/compiled.py); an empty bucket is a dummy of 2 x 2 tiles that nothing reads back.
 On the CPU, where the project's operator is built (worker/cpu_kernels.py), both buckets go
-through it instead: tiles of few query slots are read in place from the cache (no gathered copy,
-and a dummy bucket costs microseconds, not an sdpa call per layer), wide tiles gather + sdpa.
+through it instead: the narrow bucket's tiles, and the wide bucket's when they are a step's 2 x 2
+dummy, are read in place from the cache (no gathered copy, and the dummy costs microseconds, not
+an sdpa call per layer); prefill tiles gather + sdpa inside it.
 
 Per-token metadata (the rule of worker/inputs.py) and per-tile metadata:
 
@@ -48,6 +49,14 @@ from eagle_core.worker.kv_storage import write_kv
 
 MIN_DIM = 2
 """Smallest padded size of every dynamic dimension (see the module docstring)."""
+
+WIDE_IN_PLACE_QUERY = 16
+"""The wide bucket's tiles go through the in-place kernel only when at most this wide: a step's
+2 x 2 dummy, not prefill tiles, where sdpa's blocked products are faster (docs/benchmarks.md,
+"Attention that reads the cache in place"). The narrow bucket always does."""
+
+NO_LIMIT = 2**62
+"""The narrow bucket's `max_in_place_query`: its tiles always go through the in-place kernel."""
 
 TILE = 64
 """Most query rows of a wide tile. Longer tiles read a chunk's keys fewer times; shorter ones pad
@@ -83,7 +92,7 @@ class PagedMetadata:
     trash_slot: int
     in_place: bool
     """Both buckets attend through the CPU operator (worker/cpu_kernels.py), which reads keys in
-    place for tiles of few query slots and gathers them for sdpa for wide ones."""
+    place for the narrow bucket and a dummy wide one, and gathers them for sdpa for prefill tiles."""
     slot_mapping: torch.Tensor | None = None  # [T] long; derived
 
     def dynamic_tensors(self) -> list[torch.Tensor]:
@@ -132,6 +141,7 @@ class PagedMetadata:
                 out = torch.ops.eagle_serve.paged_attention(
                     q, kv[layer, 0], kv[layer, 1], tiles.key_slots, tiles.visible[:, 0],
                     head_dim**-0.5 if scale is None else scale,
+                    NO_LIMIT if tiles is self.narrow else WIDE_IN_PLACE_QUERY,
                 )  # fmt: skip
                 outputs.append(out.reshape(num_tiles * width, heads, head_dim))
                 continue

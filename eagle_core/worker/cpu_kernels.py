@@ -79,5 +79,6 @@ def _fake_paged_attention(
     key_slots: torch.Tensor,  # [N, L] long
     visible: torch.Tensor,  # [N, Q, L] bool
     scale: float,
+    max_in_place_query: int,
 ) -> torch.Tensor:  # [N, Q, H, D] float32
     return torch.empty_like(query)

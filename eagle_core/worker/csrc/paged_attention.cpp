@@ -1,8 +1,9 @@
 // Attention of query tiles over keys and values read from the paged KV cache (CPU).
 //
-// Tiles of at most kKernelMaxQuery query slots (decode tokens, trees, draft levels, and the
-// dummy bucket of a step without prefill) go through this file's kernel, which reads keys and
-// values in place. Why by hand: gathering every tile's keys and values into a dense copy for
+// Tiles of at most `max_in_place_query` query slots (the caller passes no limit for decode
+// tokens, trees and draft levels, and a small one for prefill tiles, so that only a step's
+// dummy bucket of those goes here) go through this file's kernel, which reads keys and values
+// in place. Why by hand: gathering every tile's keys and values into a dense copy for
 // sdpa costs more memory traffic than such tiles' attention itself, and sdpa's fixed cost per
 // call is paid in every layer; no library for this torch offers a CPU kernel that reads a
 // paged cache in place (flex_attention's CPU template does, but runs decode tiles slower than
@@ -15,6 +16,7 @@
 //   value_cache [S, KVH, D]  same dtype as key_cache
 //   key_slots   [N, L] int64: the cache slot of each of a tile's L key positions
 //   visible     [N, Q, L] bool: query slot q of tile n attends to key position l
+//   max_in_place_query: tiles of more query slots than this gather + sdpa (the same result)
 //   returns     [N, Q, H, D] float32; a query slot that sees no key gets zeros
 // Heads share KV heads in groups of H / KVH (grouped-query attention). Scores and softmax are
 // computed in float32 whatever the cache's dtype, like the reference backend.
@@ -37,7 +39,6 @@ constexpr int64_t kKeys = Vec::size();  // keys whose scores one vector holds
 constexpr int64_t kScoreRows = 8;       // query rows scored together: independent accumulators
 constexpr int64_t kOutRows = 4;         // query rows whose outputs accumulate together ...
 constexpr int64_t kOutVecs = 4;         // ... kOutVecs vectors wide
-constexpr int64_t kKernelMaxQuery = 16; // wider tiles gather + sdpa (see the top of the file)
 
 // A cache row as floats.
 inline void to_float(const float* src, float* dst, int64_t dim) { std::copy(src, src + dim, dst); }
@@ -219,7 +220,8 @@ at::Tensor gathered_attention(const at::Tensor& query, const at::Tensor& key_cac
 }
 
 at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                           const at::Tensor& key_slots, const at::Tensor& visible, double scale) {
+                           const at::Tensor& key_slots, const at::Tensor& visible, double scale,
+                           int64_t max_in_place_query) {
   TORCH_CHECK(query.dim() == 4 && query.scalar_type() == at::kFloat, "query: [N, Q, H, D] float32");
   TORCH_CHECK(key_cache.dim() == 3 && key_cache.sizes() == value_cache.sizes(), "caches: [S, KVH, D] alike");
   TORCH_CHECK(key_cache.scalar_type() == value_cache.scalar_type(), "caches: one dtype");
@@ -230,7 +232,7 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& key_cache,
   TORCH_CHECK(visible.dim() == 3 && visible.size(0) == query.size(0) && visible.size(1) == query.size(1) &&
                   visible.size(2) == key_slots.size(1) && visible.scalar_type() == at::kBool,
               "visible: [N, Q, L] bool");
-  if (query.size(1) > kKernelMaxQuery) return gathered_attention(query, key_cache, value_cache, key_slots, visible, scale);
+  if (query.size(1) > max_in_place_query) return gathered_attention(query, key_cache, value_cache, key_slots, visible, scale);
   auto q = query.contiguous();
   auto k = key_cache.contiguous();
   auto v = value_cache.contiguous();
@@ -250,7 +252,7 @@ at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& key_cache,
 
 TORCH_LIBRARY(eagle_serve, m) {
   m.def("paged_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor key_slots, "
-        "Tensor visible, float scale) -> Tensor");
+        "Tensor visible, float scale, int max_in_place_query) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(eagle_serve, CPU, m) { m.impl("paged_attention", &paged_attention); }
