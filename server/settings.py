@@ -32,7 +32,7 @@ class ServerSettings:
     log_level: str = "info"
 
     def __post_init__(self) -> None:
-        check_least(self, (("port", 0), ("max_request_bytes", 1), ("retry_after_s", 0)))
+        check_least(self, (("max_request_bytes", 1), ("retry_after_s", 0)))
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be between 0 and 65535, got {self.port}")
         if not self.shutdown_timeout_s >= 0:

@@ -15,9 +15,9 @@ blocking) and on whether a token is a tree node or a plainly decoded token. Here
   Scores and weighted values are products of fixed shapes per (token, KV head) and chunk,
   [G, d] x [d, CHUNK] and [G, CHUNK] x [CHUNK, d], computed as an elementwise product and a sum
   over d (or over the chunk's positions): a reduction of a fixed length whose order does not
-  depend on how many tokens the call holds. Not torch.bmm: on the AMD EPYC VM (AVX512-BF16) a
-  batched matmul's entry changed with the batch's size (tests/unit/test_invariant_attention.py
-  checks a token alone against tiles of several).
+  depend on how many tokens the call holds. Not torch.bmm: its library may pick a different
+  blocking for a different batch size, so an entry is not a function of its inputs alone
+  (tests/unit/test_invariant_attention.py checks a token alone against tiles of several).
   The softmax's max is exact; chunk results are added in chunk order, and the chunks past a
   token's own list add exact zeros. So a longer neighbour, which lengthens the key list of the
   forward, cannot change a token's sums.
