@@ -96,9 +96,14 @@ class Drafter:
         total_blocks = num_pool_blocks + max_num_seqs * self.scratch_blocks
         num_layers, num_kv_heads, head_dim = kv_shape(head.config)
         self.kv = KVStorage(num_layers, total_blocks * block_size, num_kv_heads, head_dim, dtype, device)
-        self.backend = make_backend(attention_backend, block_size, self.kv)
         self.compiled = compile is not None
-        self._run = CompiledFunction(self._forward_fn, device, compile) if self.compiled else self._forward_fn
+        self.shape_buckets = self.compiled and compile.shape_buckets(device)
+        self.backend = make_backend(attention_backend, block_size, self.kv, self.shape_buckets)
+        self._run = (
+            CompiledFunction(self._forward_fn, device, compile, static_inputs=(self.kv.kv,))
+            if self.compiled
+            else self._forward_fn
+        )
         self.states: dict[str, DraftState] = {}
 
     # ---- state --------------------------------------------------------------------------
@@ -249,7 +254,7 @@ class Drafter:
         num_rows = rows.shape[0]
         num_pad = batch.input_ids.shape[0] - features.shape[0]
         features = torch.cat([features, features.new_zeros(num_pad, features.shape[1])])  # new, see pad_rows
-        rows = pad_rows(rows, 2 if self.compiled else 0).to(self.device)
+        rows = pad_rows(rows, self.compiled, self.shape_buckets).to(self.device)
         if self.compiled and self._run.guarded:  # only a compiling call needs the marks
             mark_dynamic(batch.input_ids, batch.positions, rows, *batch.meta.dynamic_tensors())
             mark_dynamic_rows(features)

@@ -42,9 +42,11 @@ class AttentionBackend(Protocol):
         ...
 
 
-def make_backend(name: str, block_size: int, kv: KVStorage) -> AttentionBackend:
+def make_backend(name: str, block_size: int, kv: KVStorage, shape_buckets: bool = False) -> AttentionBackend:
+    """`shape_buckets`: the paged backend pads every dynamic dimension to a power of two (CUDA
+    graphs, worker/compiled.py)."""
     if name == "paged":
-        return PagedBackend(block_size, kv.kv.device, kv.trash_slot)
+        return PagedBackend(block_size, kv.kv.device, kv.trash_slot, shape_buckets=shape_buckets)
     if name == "gather":
         return GatherBackend(block_size, kv.kv.device, kv.trash_slot)
     if name == "invariant":

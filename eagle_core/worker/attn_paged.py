@@ -31,8 +31,9 @@ Per-token metadata (the rule of worker/inputs.py) and per-tile metadata:
                 seq [N] (the tile's row of block_tables), key_positions [L] = arange(L)
     out_index [T]     where each token's output lies in the buckets' outputs, concatenated
 
-Shapes are padded so that no dimension is 0 or 1 (`_padded`): torch.compile specialises sizes 0
-and 1, and padding keeps one compiled graph for every step. Padding tokens write their K/V to the
+Shapes are padded so that no dimension is 0 or 1 (`padded_size`): torch.compile specialises
+sizes 0 and 1, and padding keeps one compiled graph for every step. With `shape_buckets` (CUDA
+graphs, worker/compiled.py) every dynamic dimension is padded further, to a power of two. Padding tokens write their K/V to the
 storage's trash slot; padding query slots attend like token 0 and their outputs are dropped.
 """
 
@@ -156,8 +157,11 @@ class PagedMetadata:
         return torch.cat(outputs)[self.out_index][None].to(query.dtype)  # [1, T, heads, head_dim]
 
 
-def _padded(size: int) -> int:
-    return max(size, MIN_DIM)
+def padded_size(size: int, buckets: bool) -> int:
+    """A dynamic dimension's size once padded: at least MIN_DIM; with `buckets`, the next power
+    of two, so that the steps of a server fall on few distinct shapes."""
+    size = max(size, MIN_DIM)
+    return 1 << (size - 1).bit_length() if buckets else size
 
 
 @dataclass
@@ -204,18 +208,21 @@ def _split(groups: list[SeqGroup]) -> int:
     return best
 
 
-def _bucket(specs: list[_TileSpec], width: int, device: torch.device) -> tuple[Tiles, torch.Tensor]:
-    """Tiles of `specs` padded to at least 2 x 2 tiles and 2 keys; also the flat [N * Q] token
-    index of each slot (-1: padding)."""
-    width = _padded(width)
+def _bucket(
+    specs: list[_TileSpec], width: int, device: torch.device, buckets: bool
+) -> tuple[Tiles, torch.Tensor]:
+    """Tiles of `specs` padded to at least 2 x 2 tiles and 2 keys (`padded_size`); also the flat
+    [N * Q] token index of each slot (-1: padding)."""
+    width = padded_size(width, buckets)
     tokens = [F.pad(s.tokens, (0, width - s.tokens.shape[1]), value=-1) for s in specs]
     seq = [s.seq for s in specs]
     count = sum(t.shape[0] for t in tokens)
-    if count < MIN_DIM:
-        tokens.append(torch.full((MIN_DIM - count, width), -1, dtype=torch.long))
-        seq.append(torch.zeros(MIN_DIM - count, dtype=torch.long))
+    num_pad = padded_size(count, buckets) - count
+    if num_pad:
+        tokens.append(torch.full((num_pad, width), -1, dtype=torch.long))
+        seq.append(torch.zeros(num_pad, dtype=torch.long))
     flat = torch.cat(tokens)  # [N, Q]
-    key_len = _padded(max((s.key_len for s in specs), default=0))
+    key_len = padded_size(max((s.key_len for s in specs), default=0), buckets)
     tiles = Tiles(
         tokens=flat.clamp(min=0).to(device),
         seq=torch.cat(seq).to(device),
@@ -227,12 +234,21 @@ def _bucket(specs: list[_TileSpec], width: int, device: torch.device) -> tuple[T
 class PagedBackend:
     name = "paged"
 
-    def __init__(self, block_size: int, device: torch.device, trash_slot: int, in_place: bool | None = None):
+    def __init__(
+        self,
+        block_size: int,
+        device: torch.device,
+        trash_slot: int,
+        in_place: bool | None = None,
+        shape_buckets: bool = False,
+    ):
         """`in_place`: attention runs through the CPU operator that reads narrow tiles in place;
-        by default wherever it can (a CPU device and the kernel built, worker/cpu_kernels.py)."""
+        by default wherever it can (a CPU device and the kernel built, worker/cpu_kernels.py).
+        `shape_buckets`: every dynamic dimension is padded to a power of two (`padded_size`)."""
         self.block_size = block_size
         self.device = device
         self.trash_slot = trash_slot
+        self.shape_buckets = shape_buckets
         if in_place is None:
             in_place = device.type == "cpu" and paged_attention_available()
         elif in_place and not (device.type == "cpu" and paged_attention_available()):
@@ -241,10 +257,12 @@ class PagedBackend:
 
     def prepare(self, groups: list[SeqGroup]) -> ForwardBatch:
         """Flat and tiled metadata for `groups`, padded (see the module docstring), on the device."""
+        buckets = self.shape_buckets
         offsets, total, rows = [], 0, 0
         ids, positions, kv_pos, seq_index, committed, tails = [], [], [], [], [], []
-        width = _padded(max((g.tail_mask.shape[2] for g in groups if g.tail_mask is not None), default=1))
-        num_blocks = _padded(max(g.block_tables.shape[1] for g in groups))
+        tail_width = max((g.tail_mask.shape[2] for g in groups if g.tail_mask is not None), default=1)
+        width = padded_size(tail_width, buckets)
+        num_blocks = padded_size(max(g.block_tables.shape[1] for g in groups), buckets)
         threshold = _split(groups)
         narrow_width, wide_width = _widths(groups, threshold)
         narrow, wide = [], []
@@ -268,7 +286,7 @@ class PagedBackend:
                 committed.append(group.committed_len[:, None].expand(batch, num_new).reshape(-1))
                 tail = group.tail_mask.reshape(batch * num_new, -1).cpu()
                 tails.append(torch.nn.functional.pad(tail, (0, width - tail.shape[1])))
-        num_pad = _padded(total) - total
+        num_pad = padded_size(total, buckets) - total
         if num_pad:
             ids.append(torch.zeros(num_pad, dtype=torch.long))
             positions.append(torch.zeros(num_pad, dtype=torch.long))
@@ -276,15 +294,15 @@ class PagedBackend:
             seq_index.append(torch.zeros(num_pad, dtype=torch.long))
             committed.append(torch.ones(num_pad, dtype=torch.long))
             tails.append(torch.zeros(num_pad, width, dtype=torch.bool))
-        tables = torch.zeros(_padded(rows), num_blocks, dtype=torch.long)
+        tables = torch.zeros(padded_size(rows, buckets), num_blocks, dtype=torch.long)
         row = 0
         for group in groups:
             batch, used = group.block_tables.shape
             tables[row : row + batch, :used] = group.block_tables
             row += batch
         device = self.device
-        narrow_tiles, narrow_slots = _bucket(narrow, narrow_width, device)
-        wide_tiles, wide_slots = _bucket(wide, wide_width, device)
+        narrow_tiles, narrow_slots = _bucket(narrow, narrow_width, device, buckets)
+        wide_tiles, wide_slots = _bucket(wide, wide_width, device, buckets)
         slots = torch.cat([narrow_slots, wide_slots])  # [N_narrow * Q_narrow + N_wide * Q_wide]
         real = slots >= 0
         out_index = torch.zeros(total + num_pad, dtype=torch.long)

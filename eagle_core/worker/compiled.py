@@ -5,6 +5,12 @@ dimension is 0 or 1 (worker/attn_paged.py) and every input dimension is marked d
 batch size, context length or tree size never recompiles. Inductor's freezing treats the weights
 as constants, which on the CPU lets it pack every linear's weight for oneDNN once.
 
+On CUDA the compiled forwards also run as CUDA graphs (inductor's cudagraph trees, the
+`mode="reduce-overhead"` of torch.compile): one graph is recorded per distinct set of input
+shapes, so the inputs are padded to power-of-two buckets there (`CompileSettings.shape_buckets`,
+worker/attn_paged.py) and a few graphs cover every step. A step then costs one graph launch
+instead of one launch per kernel.
+
 Compiled artifacts are cached under `$EAGLE_SERVE_CACHE/inductor` (TORCHINDUCTOR_CACHE_DIR, when
 not already set). A second start with the same model, torch and code skips most of the work
 for graphs without packed weights (CompiledFunction), and only the C++ kernel builds for those
@@ -67,6 +73,18 @@ class CompileSettings:
     autotune: bool = False
     """Each CPU GEMM's kernel is chosen by timing the candidates while compiling."""
 
+    cuda_graphs: bool = True
+    """On CUDA, compiled forwards replay CUDA graphs (see the module docstring)."""
+
+    def graphs(self, device: torch.device) -> bool:
+        """Whether forwards on `device` run as CUDA graphs."""
+        return self.cuda_graphs and device.type == "cuda"
+
+    def shape_buckets(self, device: torch.device) -> bool:
+        """Whether forwards on `device` pad their dynamic dimensions to powers of two: one CUDA
+        graph is recorded per distinct shape."""
+        return self.graphs(device)
+
     def inductor(self, device: torch.device) -> dict:
         """Inductor's config for forwards on `device`."""
         settings = {**INDUCTOR_SETTINGS, "cpp.weight_prepack": self.pack_weights}
@@ -74,6 +92,9 @@ class CompileSettings:
             settings |= CPU_CONCAT_LINEAR
             if self.autotune:
                 settings |= CPU_AUTOTUNE
+        else:
+            # the graph replay replaces the wrapper's launches; a C++ wrapper only adds build time
+            settings |= {"cpp_wrapper": False, "triton.cudagraphs": self.graphs(device)}
         return settings
 
 
@@ -96,9 +117,20 @@ class CompiledFunction:
     that tell compiled graphs apart run (`skip_guard_eval_unsafe`): evaluating every guard
     (each weight, each input's dtype and device) costs host time on every call. That is
     safe here because nothing a guard checks changes after warm-up: every input dimension is
-    dynamic and at least 2, dtypes, devices and weights are fixed."""
+    dynamic and at least 2, dtypes, devices and weights are fixed.
 
-    def __init__(self, fn: Callable, device: torch.device, settings: CompileSettings):
+    As CUDA graphs (`CompileSettings.graphs`), the tensors in `static_inputs` (the KV storage,
+    which every forward writes in place) keep their address and are read and written by the
+    graphs directly; every other input is copied into the graph's own buffers at each call.
+    Outputs live in memory that the next replay overwrites, so each call returns copies."""
+
+    def __init__(
+        self,
+        fn: Callable,
+        device: torch.device,
+        settings: CompileSettings,
+        static_inputs: tuple[torch.Tensor, ...] = (),
+    ):
         global _process_packing
         pack_weights = settings.pack_weights
         if _process_packing is None:
@@ -110,6 +142,12 @@ class CompiledFunction:
             )
         use_cache_dir()
         self._settings = settings.inductor(device)
+        self.graphs = settings.graphs(device)
+        if self.graphs:
+            for tensor in static_inputs:
+                # guarded: under freezing dynamo makes the tensor a graph attribute, so a forward
+                # of another instance (another KV storage) must compile its own graph
+                torch._dynamo.mark_static_address(tensor, guard=True)
         # Dynamo caches compiled graphs per code object, and every model instance of a process
         # (tests and benchmarks build several engines) adds entries for the same method.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, _MAX_INSTANCES)
@@ -123,13 +161,20 @@ class CompiledFunction:
         self.guarded = False
 
     def __call__(self, *args):
+        if self.graphs:
+            # every earlier output is dead (copied below): replay from the tree's root
+            torch.compiler.cudagraph_mark_step_begin()
         if self.guarded:
             # torch 2.13 reads freezing from inductor's global config when it compiles, not
             # from torch.compile(options=...)
             with torch._inductor.config.patch(self._settings):
-                return self._compiled(*args)
-        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-            return self._compiled(*args)
+                out = self._compiled(*args)
+        else:
+            with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                out = self._compiled(*args)
+        if self.graphs:
+            out = tuple(t.clone() for t in out)
+        return out
 
 
 def mark_dynamic(*tensors: torch.Tensor) -> None:

@@ -9,6 +9,7 @@ from transformers.utils.output_capturing import maybe_install_capturing_hooks
 
 from eagle_core.batch import ScheduledBatch, SeqResult, SeqWork, StepResult
 from eagle_core.worker.attention import make_backend
+from eagle_core.worker.attn_paged import padded_size
 from eagle_core.worker.compiled import CompiledFunction, CompileSettings, mark_dynamic
 from eagle_core.worker.inputs import SeqGroup, causal_group
 from eagle_core.worker.kv_storage import KVStorage
@@ -62,7 +63,8 @@ class TargetModel:
         self.embed_tokens = loaded.model.get_input_embeddings()
         num_layers, num_kv_heads, head_dim = kv_shape(self.config)
         self.kv = KVStorage(num_layers, num_slots, num_kv_heads, head_dim, self.dtype, self.device)
-        self.backend = make_backend(attention_backend, block_size, self.kv)
+        self.shape_buckets = compile is not None and compile.shape_buckets(self.device)
+        self.backend = make_backend(attention_backend, block_size, self.kv, self.shape_buckets)
         self.feature_layers = feature_layers
         """EAGLE-3 reads these layers' inputs (hidden_states[i]); else the final-norm output."""
         if feature_layers is not None:
@@ -70,7 +72,11 @@ class TargetModel:
             # torch.compile cannot trace: install them before any compiled call.
             maybe_install_capturing_hooks(self.decoder)
         self.compiled = compile is not None
-        self._run = CompiledFunction(self._forward, self.device, compile) if self.compiled else self._forward
+        self._run = (
+            CompiledFunction(self._forward, self.device, compile, static_inputs=(self.kv.kv,))
+            if self.compiled
+            else self._forward
+        )
         self._pad_lm_head_rows = not self.compiled and self.device.type == "cpu" and self.dtype == torch.float32
         self.num_forwards = 0
         """Target forwards run so far (tests count them)."""
@@ -81,7 +87,7 @@ class TargetModel:
         packed row, on the host). Features cover the real tokens only."""
         batch = self.backend.prepare(groups)
         num_rows = logit_rows.shape[0]
-        rows = pad_rows(logit_rows, 2 if self.compiled else 0).to(self.device)
+        rows = pad_rows(logit_rows, self.compiled, self.shape_buckets).to(self.device)
         if self.compiled and self._run.guarded:  # only a compiling call needs the marks
             mark_dynamic(batch.input_ids, batch.positions, rows, *batch.meta.dynamic_tensors())
         features, logits = self._run(batch.input_ids, batch.positions, batch.meta, self.kv.kv, rows)
@@ -122,11 +128,12 @@ class TargetModel:
         return self.lm_head(hidden).float()
 
 
-def pad_rows(rows: torch.Tensor, least: int) -> torch.Tensor:
-    """A new tensor of `rows` padded with zeros to at least `least` entries (attn_paged.MIN_DIM).
-    Always new, so that every input of a compiled forward is made inside inference mode
-    alike (dynamo guards on it)."""
-    return torch.cat([rows, rows.new_zeros(max(0, least - rows.shape[0]))])
+def pad_rows(rows: torch.Tensor, compiled: bool, buckets: bool) -> torch.Tensor:
+    """A new tensor of `rows` ([R]), for a compiled forward padded with zeros to
+    `attn_paged.padded_size`. Always new, so that every input of a compiled forward is made
+    inside inference mode alike (dynamo guards on it)."""
+    size = padded_size(rows.shape[0], buckets) if compiled else rows.shape[0]
+    return torch.cat([rows, rows.new_zeros(size - rows.shape[0])])
 
 
 def pack_works(works: list[SeqWork], block_size: int) -> tuple[list[SeqGroup], list[int]]:

@@ -24,6 +24,8 @@ IN_PLACE = partial(PagedBackend, in_place=True)
 """The paged backend with its narrow bucket (decode tokens, trees, draft levels) attending through
 the CPU kernel that reads the cache in place."""
 SDPA = partial(PagedBackend, in_place=False)
+BUCKETED = partial(PagedBackend, in_place=False, shape_buckets=True)
+"""The paged backend as CUDA graphs use it: every dynamic dimension padded to a power of two."""
 
 
 def groups() -> list[SeqGroup]:
@@ -65,15 +67,17 @@ def run(backend_cls, seed: int = 0, offset_slots: slice | None = None, dtype: to
         kv.kv[:, :, offset_slots] += 100.0
     batch = backend_cls(BLOCK, torch.device("cpu"), kv.trash_slot).prepare(groups())
     meta = batch.meta.derive() if hasattr(batch.meta, "derive") else batch.meta
-    total = batch.input_ids.shape[0]
-    query = torch.randn(1, HEADS, total, HEAD_DIM).to(dtype)
-    key = torch.randn(1, KV_HEADS, total, HEAD_DIM).to(dtype)
-    value = torch.randn(1, KV_HEADS, total, HEAD_DIM).to(dtype)
+    real, pad = batch.num_tokens, batch.input_ids.shape[0] - batch.num_tokens
+    query = F.pad(torch.randn(1, HEADS, real, HEAD_DIM), (0, 0, 0, pad)).to(dtype)
+    key = F.pad(torch.randn(1, KV_HEADS, real, HEAD_DIM), (0, 0, 0, pad)).to(dtype)
+    value = F.pad(torch.randn(1, KV_HEADS, real, HEAD_DIM), (0, 0, 0, pad)).to(dtype)
     out = meta.attend(0, query, key, value, kv.kv, 0.3)[0, : batch.num_tokens]
     return out, kv.kv[:, :, : kv.trash_slot], batch
 
 
-@pytest.mark.parametrize("paged_backend", [SDPA, pytest.param(IN_PLACE, marks=needs_kernel)], ids=["sdpa", "in-place"])
+@pytest.mark.parametrize(
+    "paged_backend", [SDPA, BUCKETED, pytest.param(IN_PLACE, marks=needs_kernel)], ids=["sdpa", "bucketed", "in-place"]
+)
 def test_paged_equals_gather_outputs_and_kv_writes(paged_backend):
     paged, paged_kv, paged_batch = run(paged_backend)
     gather, gather_kv, gather_batch = run(GatherBackend)
@@ -82,6 +86,13 @@ def test_paged_equals_gather_outputs_and_kv_writes(paged_backend):
     assert torch.equal(paged_batch.positions[: paged_batch.num_tokens], gather_batch.positions)
     torch.testing.assert_close(paged, gather, rtol=1e-5, atol=1e-5)
     assert torch.equal(paged_kv, gather_kv)  # the same slots written, the trash slot aside
+
+
+def test_shape_buckets_pad_every_dynamic_dimension_to_a_power_of_two():
+    _, _, batch = run(BUCKETED)
+    sizes = [d for t in [batch.input_ids, *batch.meta.dynamic_tensors()] for d in t.shape]
+    assert batch.input_ids.shape[0] == 32  # 18 tokens
+    assert all(d >= 2 and d & (d - 1) == 0 for d in sizes), sizes
 
 
 @needs_kernel
