@@ -43,8 +43,8 @@ class ModelConfig:
     """"on": the target's and the draft head's forwards run compiled by torch.compile (inductor;
     one graph each, built at start-up); "max-autotune": compiled, and on the CPU each GEMM's
     kernel is chosen by timing the candidates at start-up (a longer start; worker/compiled.py);
-    "off": eagerly, for debugging; "auto": "on" for the CPU, off on CUDA, where the compiled
-    step is not verified yet."""
+    "off": eagerly, for debugging; "auto": "on" (on CUDA the compiled forwards replay CUDA
+    graphs, worker/compiled.py), except in deterministic mode."""
     attention_backend: str = "auto"
     """"paged": one fixed set of tensors per forward, sdpa over query tiles of the paged cache
     (made for compilation: one graph for every step); "gather": copies each group's K/V out and

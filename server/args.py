@@ -117,7 +117,7 @@ FLAGS: tuple[Flag, ...] = (
         "compile",
         "on: compile the target's and the draft head's forwards with torch.compile at start-up; "
         "max-autotune: also choose each CPU GEMM's kernel by timing the candidates (a longer "
-        "start); off: run them eagerly; auto: on for the CPU, off on CUDA (not verified there yet)",
+        "start); off: run them eagerly; auto: on (as CUDA graphs on a GPU), except with --deterministic",
         choices=COMPILE_MODES,
     ),
     Flag(

@@ -183,12 +183,10 @@ class Worker:
 
 def compile_settings(model: ModelConfig, device: torch.device) -> CompileSettings | None:
     """--compile: "on" and "max-autotune" compile ("max-autotune" also times each CPU GEMM's
-    candidate kernels), "off" does not; "auto" compiles on the CPU, where the compiled step is
-    tested and measured. On CUDA it is not yet verified (no CUDA graphs either), so "auto" keeps
-    the eager path there until a GPU run shows the compiled one works. Deterministic mode runs
-    eagerly (ModelConfig.deterministic)."""
+    candidate kernels), "off" does not; "auto" compiles, except in deterministic mode, which
+    runs eagerly (ModelConfig.deterministic). On CUDA compiled forwards replay CUDA graphs."""
     mode = model.compile
-    if mode == "off" or (mode == "auto" and (device.type != "cpu" or model.deterministic)):
+    if mode == "off" or (mode == "auto" and model.deterministic):
         return None
     return CompileSettings(pack_weights=model.weight_packing != "none", autotune=mode == "max-autotune")
 
