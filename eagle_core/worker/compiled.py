@@ -73,12 +73,10 @@ class CompileSettings:
     autotune: bool = False
     """Each CPU GEMM's kernel is chosen by timing the candidates while compiling."""
 
-    cuda_graphs: bool = True
-    """On CUDA, compiled forwards replay CUDA graphs (see the module docstring)."""
-
-    def graphs(self, device: torch.device) -> bool:
-        """Whether forwards on `device` run as CUDA graphs."""
-        return self.cuda_graphs and device.type == "cuda"
+    @staticmethod
+    def graphs(device: torch.device) -> bool:
+        """Whether compiled forwards on `device` replay CUDA graphs: on CUDA, always."""
+        return device.type == "cuda"
 
     def shape_buckets(self, device: torch.device) -> bool:
         """Whether forwards on `device` pad their dynamic dimensions to powers of two: one CUDA
