@@ -111,6 +111,9 @@ class Engine:
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None:
         """Queue a request. Raises InvalidRequestError for input that can never be served."""
         prompt_ids = self._tokenize(prompt)
+        vocab = self.worker.vocab_size
+        if any(token >= vocab for token, _ in params.logit_bias):
+            raise InvalidRequestError(f"logit_bias keys must be token ids in [0, {vocab})", param="logit_bias")
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
             raise InvalidRequestError(

@@ -114,6 +114,21 @@ def _token_counts(
     return counts[:, :vocab_size]
 
 
+def apply_logit_bias(
+    logits: torch.Tensor,  # [num_rows, vocab] float32
+    params: list[SamplingParams],
+) -> torch.Tensor:  # [num_rows, vocab] float32
+    """Each row's `logit_bias` added to its logits (a new tensor when any row has one). Token
+    ids are checked against the vocabulary when the request is added."""
+    entries = [(row, token, value) for row, p in enumerate(params) for token, value in p.logit_bias]
+    if not entries:
+        return logits
+    rows, tokens, values = zip(*entries)
+    device = logits.device
+    index = (torch.tensor(rows, device=device), torch.tensor(tokens, device=device))
+    return logits.index_put(index, torch.tensor(values, dtype=logits.dtype, device=device), accumulate=True)
+
+
 def apply_penalties(
     logits: torch.Tensor,  # [num_rows, vocab]
     prompt_ids: list[list[int]],

@@ -10,6 +10,8 @@ GREEDY_BELOW = 1e-5
 """Temperatures below this decode greedily, as in vLLM: logits divided by a temperature near
 fp32's smallest numbers overflow to inf and the probabilities to NaN (1e-38 did), and at
 1e-5 a token whose logit trails the top one by 1e-3 already has a probability of e^-100."""
+MAX_LOGIT_BIAS = 100.0
+"""logit_bias values lie in [-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS], OpenAI's range."""
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 1e-6, 1e6
 """Positive logits are divided by the penalty, negative ones multiplied: a penalty near 0 (1e-300
 is 0 in fp32) overflows them as a tiny temperature would, and one past fp32's range (1e39 passes
@@ -27,6 +29,9 @@ class SamplingParams:
     probability is zero, draft verification included) and stop strings are not searched for.
     logprobs None returns no log-probabilities; an int k returns the sampled token's log-prob
     plus the k most likely alternatives (from the model's raw distribution).
+    logit_bias: (token id, bias) pairs (a dict is accepted), each bias added to that token's
+    logit before penalties, temperature and filters, at every sampled position (every draft-tree
+    node too, so speculation stays exact); -100 bans a token in practice, +100 forces it.
     """
 
     temperature: float = 1.0
@@ -44,6 +49,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         # Accept lists from callers but store tuples so the object stays hashable and frozen.
@@ -51,6 +57,8 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        object.__setattr__(self, "logit_bias", tuple(sorted((token, value) for token, value in bias)))
         self._validate()
 
     def _validate(self) -> None:
@@ -89,10 +97,20 @@ class SamplingParams:
             bad("logprobs", f"top logprobs must be in [0, 20], got {self.logprobs}")
         if self.seed is not None and not isinstance(self.seed, int):
             bad("seed", "seed must be an integer")
+        for token, value in self.logit_bias:
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                bad("logit_bias", f"logit_bias keys must be non-negative token ids, got {token!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+                bad("logit_bias", f"logit_bias values must be numbers in [-100, 100], got {value!r} for token {token}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether the sampled distribution is not the model's own: a bias or a penalty."""
+        return bool(self.logit_bias) or self.needs_penalties
 
     @property
     def needs_penalties(self) -> bool:

@@ -1,7 +1,7 @@
 """Pydantic models of the OpenAI request and response bodies this server speaks.
 
 Requests ignore unknown fields, so newer clients keep working, except for the OpenAI features
-that change what a client expects back (JSON mode, tool calls, logit_bias): those are a 400
+that change what a client expects back (JSON mode, tool calls): those are a 400
 rather than free text the client cannot parse. An explicit null means the field's default
 where null is not itself a value of the field. Pydantic checks only shapes and types here;
 value ranges (temperature in [0, 2], ...) are checked once, by eagle_core.SamplingParams, whose
@@ -128,12 +128,13 @@ class _SamplingRequest(_Request):
     stop_token_ids: list[int] | None = None
     min_tokens: int | None = None
     ignore_eos: bool | None = None
+    logit_bias: dict[str, float] | None = None
+    """Token id (a decimal string, as OpenAI takes it) -> bias in [-100, 100]."""
     # OpenAI features this server does not implement (see _check_supported).
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
-    logit_bias: dict[str, float] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -158,8 +159,6 @@ class _SamplingRequest(_Request):
             raise InvalidRequestError("tools (function calling) are not supported by this server", "tools")
         if self.functions:
             raise InvalidRequestError("functions (function calling) are not supported by this server", "functions")
-        if self.logit_bias:
-            raise InvalidRequestError("logit_bias is not supported by this server", "logit_bias")
         if self.stream_options is not None and not self.stream:
             # As OpenAI: usage asked for a stream that is not one would silently go missing.
             raise InvalidRequestError("stream_options is only allowed when stream is true", "stream_options")
@@ -187,7 +186,18 @@ class _SamplingRequest(_Request):
         kwargs["seed"] = None if self.seed is None else self.seed + index
         kwargs["stop"] = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         kwargs["stop_token_ids"] = list(self.stop_token_ids or [])
+        kwargs["logit_bias"] = _token_bias(self.logit_bias or {})
         return SamplingParams(**kwargs)
+
+
+def _token_bias(bias: dict[str, float]) -> dict[int, float]:
+    """OpenAI's logit_bias (keys: token ids as decimal strings) with integer keys."""
+    out = {}
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit()):
+            raise InvalidRequestError(f"logit_bias keys must be token ids as decimal strings, got {key!r}", "logit_bias")
+        out[int(key)] = value
+    return out
 
 
 class ChatCompletionRequest(_SamplingRequest):

@@ -33,9 +33,10 @@ class Sampler:
         works: list[SeqWork],  # the request of each row
         histories: list[list[int]],  # output tokens before each row (output so far + path)
     ) -> torch.Tensor:
-        """The distribution each row samples from ([R, vocab]): penalties, then temperature and
-        filters (one-hot for greedy rows)."""
+        """The distribution each row samples from ([R, vocab]): logit bias, penalties, then
+        temperature and filters (one-hot for greedy rows)."""
         params = [w.params for w in works]
+        logits = sampling.apply_logit_bias(logits.float(), params)
         logits = sampling.apply_penalties(logits, [w.prompt_token_ids for w in works], histories, params)
         logits = sampling.hold_back_stop_tokens(
             logits, [len(h) for h in histories], params, [w.stop_token_ids for w in works]
@@ -51,8 +52,8 @@ class Sampler:
     ) -> torch.Tensor:  # [R] long, on the device
         """One token per row from the row's processed distribution, without a host sync. A row
         at depth d samples output position len(output) + d. Rows of greedy requests without
-        penalties or held-back stop tokens are a plain argmax."""
-        if all(w.params.greedy and not w.params.needs_penalties and not w.holds_back_stop_tokens for w in works):
+        logit bias, penalties or held-back stop tokens are a plain argmax."""
+        if all(w.params.greedy and not w.params.adjusts_logits and not w.holds_back_stop_tokens for w in works):
             return logits.argmax(dim=1)
         if histories is None:
             histories = [w.output_token_ids for w in works]

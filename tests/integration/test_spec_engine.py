@@ -10,7 +10,7 @@ import torch
 from scipy import stats
 
 from eagle_core import SamplingParams, SpecConfig
-from eagle_core.errors import ModelLoadError
+from eagle_core.errors import InvalidRequestError, ModelLoadError
 from eagle_core.spec.drafter import Drafter
 from eagle_core.spec.int8_linear import Int8Linear
 from eagle_core.spec.lookup import ContextLookup
@@ -127,6 +127,33 @@ def test_seeded_sampling_with_penalties_is_identical_with_and_without_speculatio
     plain = run_staggered(make_engine(target), prompts, params)
     spec = run_staggered(make_engine(target, draft=str(oracle)), prompts, params)
     assert spec == plain
+
+
+def test_logit_bias_under_speculation_matches_plain_decoding(bigram):
+    """The bias applies at every tree node (the target's biased distribution verifies each
+    draft): greedy and seeded text equal plain decoding's, a +100 token is all that comes out."""
+    target, oracle = bigram
+    prompts = random_prompts(14, [5, 11, 17], TINY_VOCAB_SIZE)
+    bias = {3: -100, 7: 4.0, 11: 2.5}
+    for params in (
+        SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logit_bias=bias),
+        SamplingParams(temperature=0.8, seed=5, max_tokens=24, ignore_eos=True, logit_bias=bias),
+    ):
+        plain = run_staggered(make_engine(target), prompts, params)
+        spec = run_staggered(make_engine(target, draft=str(oracle)), prompts, params)
+        assert spec == plain
+        assert all(3 not in tokens for tokens in plain.values())
+    unbiased = run_staggered(make_engine(target), prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    assert unbiased != run_staggered(make_engine(target), prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logit_bias=bias))
+    forced = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logit_bias={9: 100})
+    assert run_staggered(make_engine(target, draft=str(oracle)), prompts, forced) == {str(i): [9] * 6 for i in range(3)}
+
+
+def test_logit_bias_outside_the_vocabulary_is_refused(bigram):
+    engine = make_engine(bigram[0])
+    with pytest.raises(InvalidRequestError) as err:
+        engine.add_request("r", [1, 2, 3], SamplingParams(logit_bias={TINY_VOCAB_SIZE: 1}))
+    assert err.value.param == "logit_bias"
 
 
 def _finish(engine, prompt, params) -> dict:

@@ -10,6 +10,7 @@ from scipy import stats
 
 from eagle_core.errors import InvalidRequestError
 from eagle_core.sampling import (
+    apply_logit_bias,
     apply_penalties,
     compute_logprobs,
     draw,
@@ -284,6 +285,30 @@ def test_penalties_with_empty_histories():
 
 
 # --- min_tokens -----------------------------------------------------------------------------
+
+
+def test_logit_bias_adds_to_its_rows_tokens_only():
+    logits = torch.zeros(3, 5)
+    params = [SamplingParams(logit_bias={4: -100, 1: 2.5}), SamplingParams(), SamplingParams(logit_bias={0: 1})]
+    out = apply_logit_bias(logits, params)
+    assert out.tolist() == [[0, 2.5, 0, 0, -100], [0] * 5, [1, 0, 0, 0, 0]]
+    assert logits.abs().sum() == 0  # a new tensor
+    assert apply_logit_bias(logits, [SamplingParams()] * 3) is logits
+
+
+def test_logit_bias_bans_and_forces_greedy_choices():
+    logits = logits_of([0.1, 0.6, 0.3])
+    banned = apply_logit_bias(logits, [SamplingParams(temperature=0, logit_bias={1: -100})])
+    forced = apply_logit_bias(logits, [SamplingParams(temperature=0, logit_bias={0: 100})])
+    assert processed_probs(banned, [SamplingParams(temperature=0)]).argmax().item() == 2
+    assert processed_probs(forced, [SamplingParams(temperature=0)]).argmax().item() == 0
+
+
+@pytest.mark.parametrize("bias", [{0: 100.5}, {0: float("nan")}, {-1: 1}, {0: "1"}, {0: True}, {True: 1}])
+def test_logit_bias_is_validated(bias):
+    with pytest.raises(InvalidRequestError) as err:
+        SamplingParams(logit_bias=bias)
+    assert err.value.param == "logit_bias"
 
 
 def test_min_tokens_holds_back_stop_tokens_only_in_rows_short_of_it():

@@ -11,7 +11,7 @@ import pytest
 
 from server.app import create_app
 from server.engine_client import EngineClient
-from server.protocol import ChatMessage, TextPart
+from server.protocol import ChatCompletionRequest, ChatMessage, TextPart
 from server.settings import ServerSettings
 
 try:
@@ -364,7 +364,10 @@ async def test_health_reports_load_failure():
         (chat(response_format={"type": "json_object"}), "response_format"),
         (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
         (chat(functions=[{"name": "f"}]), "functions"),
-        (chat(logit_bias={"5": 10}), "logit_bias"),
+        (chat(logit_bias={"five": 10}), "logit_bias"),
+        (chat(logit_bias={"-5": 10}), "logit_bias"),
+        (chat(logit_bias={"\u00b2": 10}), "logit_bias"),  # a digit to str.isdigit, not to int()
+        (chat(logit_bias={"5": 150}), "logit_bias"),
         (chat(n=17), "n"),  # more choices than --max-waiting (16 here): never servable
         (chat(stop=["a"] * 17), "stop"),
         (chat(stream_options={"include_usage": True}), "stream_options"),
@@ -705,3 +708,8 @@ async def test_dead_engine_loop_fails_requests_and_health():
 def test_text_parts_built_in_code_are_accepted():
     message = ChatMessage(role="user", content=[TextPart(type="text", text="Hi"), {"type": "text", "text": "!"}])
     assert message.text() == "Hi!"
+
+
+def test_logit_bias_reaches_the_sampling_params_with_integer_token_ids():
+    request = ChatCompletionRequest.model_validate(chat(logit_bias={"7": -2.5, "5": 10}))
+    assert request.sampling_params().logit_bias == ((5, 10), (7, -2.5))
