@@ -256,8 +256,11 @@ class PagedBackend:
         self.in_place = in_place
 
     def prepare(self, groups: list[SeqGroup]) -> ForwardBatch:
-        """Flat and tiled metadata for `groups`, padded (see the module docstring), on the device."""
+        """Flat and tiled metadata for `groups`, padded (see the module docstring), on the device.
+        Built on the host from host tensors, except the tail masks, which trees bring on the
+        device and which stay there (no host sync)."""
         buckets = self.shape_buckets
+        device = self.device
         offsets, total, rows = [], 0, 0
         ids, positions, kv_pos, seq_index, committed, tails = [], [], [], [], [], []
         tail_width = max((g.tail_mask.shape[2] for g in groups if g.tail_mask is not None), default=1)
@@ -281,10 +284,10 @@ class PagedBackend:
             rows += batch
             if group.tail_mask is None:
                 committed.append(stored.reshape(-1) + 1)
-                tails.append(torch.zeros(batch * num_new, width, dtype=torch.bool))
+                tails.append(torch.zeros(batch * num_new, width, dtype=torch.bool, device=device))
             else:
                 committed.append(group.committed_len[:, None].expand(batch, num_new).reshape(-1))
-                tail = group.tail_mask.reshape(batch * num_new, -1).cpu()
+                tail = group.tail_mask.reshape(batch * num_new, -1).to(device)
                 tails.append(torch.nn.functional.pad(tail, (0, width - tail.shape[1])))
         num_pad = padded_size(total, buckets) - total
         if num_pad:
@@ -293,14 +296,13 @@ class PagedBackend:
             kv_pos.append(torch.full((num_pad,), -1, dtype=torch.long))
             seq_index.append(torch.zeros(num_pad, dtype=torch.long))
             committed.append(torch.ones(num_pad, dtype=torch.long))
-            tails.append(torch.zeros(num_pad, width, dtype=torch.bool))
+            tails.append(torch.zeros(num_pad, width, dtype=torch.bool, device=device))
         tables = torch.zeros(padded_size(rows, buckets), num_blocks, dtype=torch.long)
         row = 0
         for group in groups:
             batch, used = group.block_tables.shape
             tables[row : row + batch, :used] = group.block_tables
             row += batch
-        device = self.device
         narrow_tiles, narrow_slots = _bucket(narrow, narrow_width, device, buckets)
         wide_tiles, wide_slots = _bucket(wide, wide_width, device, buckets)
         slots = torch.cat([narrow_slots, wide_slots])  # [N_narrow * Q_narrow + N_wide * Q_wide]
@@ -311,7 +313,7 @@ class PagedBackend:
             kv_pos=torch.cat(kv_pos).to(device),
             seq_index=torch.cat(seq_index).to(device),
             committed=torch.cat(committed).to(device),
-            tail_mask=torch.cat(tails).to(device),
+            tail_mask=torch.cat(tails),
             block_tables=tables.to(device),
             narrow=narrow_tiles,
             wide=wide_tiles,
