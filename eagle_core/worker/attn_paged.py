@@ -33,8 +33,9 @@ Per-token metadata (the rule of worker/inputs.py) and per-tile metadata:
 
 Shapes are padded so that no dimension is 0 or 1 (`padded_size`): torch.compile specialises
 sizes 0 and 1, and padding keeps one compiled graph for every step. With `shape_buckets` (CUDA
-graphs, worker/compiled.py) every dynamic dimension is padded further, to a power of two. Padding tokens write their K/V to the
-storage's trash slot; padding query slots attend like token 0 and their outputs are dropped.
+graphs, worker/compiled.py) every dynamic dimension is padded further, to a power of two.
+Padding tokens write their K/V to the storage's trash slot; padding query slots attend like
+token 0 and their outputs are dropped.
 """
 
 from __future__ import annotations
