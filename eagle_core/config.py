@@ -125,34 +125,24 @@ DRAFT_QUANTIZATIONS = ("auto", "int8", "none")
 
 
 class SpecDefaults(NamedTuple):
-    """What SpecConfig's unset tree and batch fields become on a given kind of hardware: which
-    tree pays, and up to which batch size, depends on what a wider verify forward and each draft
-    forward cost there (python -m bench.tree_sizes, python -m bench.engine_throughput)."""
+    """What SpecConfig's unset tree fields become on a given kind of hardware. Who drafts, and
+    when, is the speculation policy's choice (spec/policy.py), not a default."""
 
     num_draft_tokens: int
     depth: int
     top_k: int
-    max_batch: int
     lookup_tokens: int
     """Context-lookup tokens verified beside the tree (0: none)."""
-    lookup_max_batch: int
-    """Context lookup drafts alone (no head tree) while more than max_batch and at most this many
-    sequences run; at or below max_batch it never does."""
 
 
-WIDE_SPEC = SpecDefaults(num_draft_tokens=8, depth=3, top_k=3, max_batch=1, lookup_tokens=8, lookup_max_batch=1)
+WIDE_SPEC = SpecDefaults(num_draft_tokens=8, depth=3, top_k=3, lookup_tokens=8)
 """For matmul units with throughput to spare at a few rows: GPUs, and CPUs computing bf16
-natively (AMX / AVX512-BF16). Sized for the shipped SmolLM2 head: tree 8/3/3 keeps the most
-acceptance per verified row at batch 1 (the head's README.md has the tree table). Speculation
-stops above one running sequence: with the compiled step, plain decoding gains more from a
-second and fourth sequence than a tree does (docs/benchmarks.md, "The fast step"); lookup-only
-steps past the limit are not timed on such hardware, so lookup_max_batch = max_batch keeps them
-off. The speculation cost model (issue 25) replaces these constants."""
-NARROW_SPEC = SpecDefaults(num_draft_tokens=3, depth=2, top_k=2, max_batch=1, lookup_tokens=8, lookup_max_batch=4)
-"""For CPUs computing in fp32 (no native bf16, or asked for): there the target's forward grows
-steeply with the rows it verifies and each draft forward is dear, so a narrow tree, drafted at
-batch 1 only, with context lookup alone up to 4 sequences. The measurements behind each value
-are in docs/benchmarks.md ("What the speculation defaults rest on")."""
+natively (AMX / AVX512-BF16). Sized for the shipped SmolLM2 head (its README.md has the tree
+table)."""
+NARROW_SPEC = SpecDefaults(num_draft_tokens=3, depth=2, top_k=2, lookup_tokens=8)
+"""For CPUs computing in fp32 (no native bf16, or asked for), where the target's forward grows
+steeply with the rows it verifies and each draft forward is dear (docs/benchmarks.md, "What the
+speculation defaults rest on")."""
 
 
 @dataclass(frozen=True)
@@ -160,7 +150,7 @@ class SpecConfig:
     draft: str | None = AUTO_DRAFT
     """Path of an EAGLE draft head; "auto" uses the shipped head of the default model (plain
     decoding for other models); None disables speculation."""
-    # The next six, left None, take the hardware's SpecDefaults at start-up
+    # The next four, left None, take the hardware's SpecDefaults at start-up
     # (`with_defaults`, from worker.spec_defaults): WIDE_SPEC or NARROW_SPEC. Set any of them to
     # override it.
     num_draft_tokens: int | None = None
@@ -170,17 +160,20 @@ class SpecConfig:
     top_k: int | None = None
     """Children expanded per frontier node; 1 gives a chain."""
     max_batch: int | None = None
-    """The draft head drafts only while at most this many sequences run (0: always). Past it,
-    steps decode plainly, or verify a context-lookup chain alone up to lookup_max_batch (a step
-    with neither counts as fallback "batch_size"). Under a closed loop the running count dips below
-    the limit as answers end at different times, which is when the limit pays most."""
+    """None: the speculation policy chooses each step which decoding sequences draft with the
+    head, from this machine's measured step costs and each request's acceptance (spec/policy.py).
+    A number pins it: the head drafts only while at most this many sequences run (0: always);
+    past it, steps decode plainly or verify a context-lookup chain alone up to
+    lookup_max_batch (a step with neither counts as fallback "batch_size")."""
     lookup_tokens: int | None = None
     """Most draft tokens copied from earlier in the sequence (context lookup, spec/lookup.py),
     verified with the tree on top of num_draft_tokens, from the step's leftover token budget;
     0 disables it."""
     lookup_max_batch: int | None = None
-    """Past max_batch, context lookup's chain is verified alone (no draft forward) while at most
-    this many sequences run (0: any number); at or below max_batch, no lookup-only steps."""
+    """None: context lookup's chain is verified alone (no head tree) where the policy finds it
+    pays, or, with max_batch pinned, up to max_batch sequences. A number pins it: steps
+    without a head tree verify a chain alone while at most this many sequences run (0: any
+    number)."""
     draft_quantization: str = "auto"
     """"int8": the draft head's linears also hold int8 weights, used for decoding-sized inputs
     (bfloat16 models on the CPU only; see spec/int8_linear.py), "none": the model dtype only,

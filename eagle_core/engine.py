@@ -28,6 +28,8 @@ from eagle_core.request import Request
 from eagle_core.sampling_params import SamplingParams
 from eagle_core.scheduler import Scheduler
 from eagle_core.shared_tokenizer import SharedTokenizer
+from eagle_core.spec.policy import SpeculationPolicy
+from eagle_core.step_costs import measure_step_costs
 from eagle_core.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -91,13 +93,20 @@ class Engine:
         self.max_model_len = self.config.model.max_model_len
         cache = self.config.cache
         self.block_manager = BlockManager(cache.kv_cache_tokens // cache.block_size, cache.block_size)
+        spec = self.config.spec
+        self.policy: SpeculationPolicy | None = None
+        """Chooses who drafts each step, unless --spec-max-batch pins it (spec/policy.py)."""
+        if self.worker.num_tree_slots and spec.max_batch is None:
+            costs = measure_step_costs(self.worker, self.config, self.block_manager)
+            self.policy = SpeculationPolicy(costs, lookup=spec.lookup_max_batch is None)
         self.scheduler = Scheduler(
             self.config.scheduler,
             self.block_manager,
             num_draft_slots=self.worker.num_tree_slots,
-            max_spec_batch=self.config.spec.max_batch,
+            max_spec_batch=spec.max_batch or 0,
             num_lookup_slots=self.worker.num_lookup_slots,
-            max_lookup_batch=self.config.spec.lookup_max_batch,
+            max_lookup_batch=spec.lookup_max_batch if spec.lookup_max_batch is not None else spec.max_batch or 0,
+            policy=self.policy,
         )
         self.eos_token_ids = self._eos_ids()
         self._tracked: dict[str, _Tracked] = {}
@@ -144,7 +153,11 @@ class Engine:
             request = self.scheduler.requests[work.request_id]
             if request.first_scheduled_time is None:
                 request.first_scheduled_time = now
+        started = time.perf_counter()
         result = self.worker.execute(batch)
+        if self.policy is not None:
+            greedy = {w.request_id: w.params.greedy for w in batch.seqs}
+            self.policy.observe(batch, result, time.perf_counter() - started, greedy)
         self.num_steps += 1
         decode_ids = {w.request_id for w in batch.seqs if w.is_decode}
         if self.spec_enabled:
@@ -191,6 +204,7 @@ class Engine:
             "num_waiting": self.num_waiting,
             "kv_cache_usage": self.kv_cache_usage,
             **self.spec_counters.as_dict(),
+            "spec_policy": self.policy.as_dict() if self.policy is not None else None,
         }
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:

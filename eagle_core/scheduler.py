@@ -4,16 +4,17 @@ Each step it decides which sequences run and how many tokens each computes, unde
 tokens per step (`max_num_batched_tokens`, draft-tree tokens included) and KV blocks. Policy:
 
 1. Running sequences first, oldest first. A decoding sequence computes its one last token plus
-   `num_draft_slots` tokens of the draft head's tree (none above `max_spec_batch` running
-   sequences); a sequence still prefilling computes its next chunk.
+   `num_draft_slots` tokens of the draft head's tree when it drafts this step (the speculation
+   policy's choice, spec/policy.py; or, pinned by --spec-max-batch, while at most
+   `max_spec_batch` sequences run); a sequence still prefilling computes its next chunk.
    When KV blocks run out, the newest running sequence is preempted: its blocks are freed and
    it goes back to the front of the waiting queue, to be recomputed later (prompt + output so
    far are simply prefilled again).
 2. Then, if nothing was preempted, waiting requests are admitted first-come-first-served while
    sequence slots, tokens and blocks remain. Long prompts are split into chunks.
 3. Tokens still left go to context lookup: each decoding sequence, oldest first, gets up to
-   `num_lookup_slots` more draft slots (without a head tree only up to `max_lookup_batch`
-   running sequences). Lookup finds a chain for only about a third of steps, so its slots come
+   `num_lookup_slots` more draft slots (without a head tree only where the policy allows a
+   chain alone, or, pinned, up to `max_lookup_batch` running sequences). Lookup finds a chain for only about a third of steps, so its slots come
    last and never crowd out a prefill; they use free KV blocks or room in the sequence's own
    blocks, never preempting for them.
 
@@ -28,6 +29,7 @@ from eagle_core.batch import ScheduledBatch, SeqWork, StepResult
 from eagle_core.config import SchedulerConfig
 from eagle_core.kv import BlockManager
 from eagle_core.request import Request, RequestStatus
+from eagle_core.spec.policy import Candidate, Choice, SpeculationPolicy
 
 
 class Scheduler:
@@ -39,6 +41,7 @@ class Scheduler:
         max_spec_batch: int = 0,
         num_lookup_slots: int = 0,
         max_lookup_batch: int = 0,
+        policy: SpeculationPolicy | None = None,
     ):
         self.config = config
         self.blocks = block_manager
@@ -47,13 +50,14 @@ class Scheduler:
         self.num_lookup_slots = num_lookup_slots
         """Most context-lookup tokens per decoding sequence per step, from leftover budget."""
         self.max_lookup_batch = max_lookup_batch
-        """Above max_spec_batch, decode steps get lookup slots (lookup alone drafts) only while
-        at most this many sequences run (0: any number): past a few sequences the wider verify
-        cost more than the chains saved (SpecDefaults.lookup_max_batch)."""
+        """Pinned lookup rule: decode steps without a head tree get lookup slots (lookup alone
+        drafts) only while at most this many sequences run (0: any number)."""
         self.max_spec_batch = max_spec_batch
-        """Above this many running sequences a step decodes without trees (0: no limit): with a
-        big batch the target forward is no longer nearly free for extra tokens, and
-        verifying trees costs more than it saves."""
+        """Without a policy: above this many running sequences a step decodes without trees (0:
+        no limit)."""
+        self.policy = policy
+        """Chooses each step which decoding sequences draft (then max_spec_batch is unused), and
+        which may verify a lookup chain alone unless the policy leaves that to max_lookup_batch."""
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -78,6 +82,8 @@ class Scheduler:
         elif request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
         self.blocks.free(request.block_table)
+        if self.policy is not None:
+            self.policy.drop(request_id)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         self._finished_ids.append(request_id)
@@ -100,14 +106,15 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         work: list[SeqWork] = []
         preempted = False
+        choice = self._choose(budget)
         speculate = not self.max_spec_batch or len(self.running) <= self.max_spec_batch
-        lookup_alone = not self.max_lookup_batch or len(self.running) <= self.max_lookup_batch
 
         wanted_drafts: list[tuple[SeqWork, int]] = []
         for request in list(self.running):
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new, num_draft, skip_reason = self._plan(request, budget, speculate)
+            drafts = request.request_id in choice.head if choice else speculate
+            num_new, num_draft, skip_reason = self._plan(request, budget, drafts)
             if num_new == 0:
                 continue
             if not self._reserve(request, num_new):
@@ -144,19 +151,40 @@ class Scheduler:
             budget -= num_new
 
         if self.num_lookup_slots and budget > 0:
+            if choice and self.policy.decides_lookup:
+                lookup_alone = choice.lookup_alone
+            elif not self.max_lookup_batch or len(self.running) <= self.max_lookup_batch:
+                lookup_alone = frozenset(w.request_id for w in work)
+            else:
+                lookup_alone = frozenset()
             self._add_lookup_slots(work, budget, lookup_alone)
         finished, self._finished_ids = self._finished_ids, []
         return ScheduledBatch(seqs=work, finished_request_ids=finished)
 
-    def _add_lookup_slots(self, work: list[SeqWork], budget: int, lookup_alone: bool) -> None:
+    def _choose(self, budget: int) -> Choice | None:
+        """The policy's choice for this step's decoding sequences (None without a policy)."""
+        if self.policy is None or not self.num_draft_slots:
+            return None
+        candidates, other_rows = [], 0
+        for request in self.running:
+            remaining = request.num_tokens - request.num_computed_tokens
+            if remaining > 1 or not request.output_token_ids:
+                other_rows += min(remaining, budget)
+            else:
+                room = _draft_room(request) >= 1
+                candidates.append(Candidate(request.request_id, request.params.greedy, head=room))
+        return self.policy.choose(candidates, other_rows)
+
+    def _add_lookup_slots(self, work: list[SeqWork], budget: int, lookup_alone: frozenset[str]) -> None:
         """Give decode steps context-lookup slots from the `budget` tokens nothing else took;
-        steps without a head tree only when `lookup_alone`."""
-        allowed = (None, "batch_size") if lookup_alone else (None,)
+        steps without a head tree only for the requests in `lookup_alone`."""
         for w in work:
             if budget < 1:
                 return
-            if not w.is_decode or w.draft_skip_reason not in allowed:
+            if not w.is_decode or w.draft_skip_reason not in (None, "batch_size", "policy"):
                 continue  # prefill chunks, and steps with no room or budget for any draft
+            if w.draft_skip_reason is not None and w.request_id not in lookup_alone:
+                continue
             request = self.requests[w.request_id]
             room = _draft_room(request) - w.num_draft_slots
             reserved = w.start_pos + 1 + w.num_draft_slots
@@ -192,7 +220,7 @@ class Scheduler:
         if budget < 2:
             return 1, 0, "token_budget"
         if not speculate:
-            return 1, 0, "batch_size"
+            return 1, 0, "policy" if self.policy else "batch_size"
         return 1, min(self.num_draft_slots, budget - 1, room), None
 
     def _reserve(self, request: Request, num_tokens: int) -> bool:

@@ -175,12 +175,12 @@ FLAGS: tuple[Flag, ...] = (
          "most draft tokens copied from earlier in the sequence where its last tokens occurred "
          "before, verified with the tree, from the step's leftover token budget (0 = off); None: 8"),
     Flag("--spec-max-batch", "spec", "max_batch",
-         "draft with the head only while at most this many sequences run (0 = always); None: 4, "
-         "or 1 on such a CPU"),
+         "pin who drafts: the head drafts only while at most this many sequences run (0 = always); "
+         "None: the speculation policy chooses each step from measured step costs and acceptance"),
     Flag("--lookup-max-batch", "spec", "lookup_max_batch",
-         "past --spec-max-batch, verify context lookup's chain alone while at most this many "
-         "sequences run (0 = any number); None: 4 (on a CPU with native bf16 this equals "
-         "--spec-max-batch's default: off)"),
+         "pin lookup alone: steps without a head tree verify context lookup's chain while at most "
+         "this many sequences run (0 = any number); None: the policy chooses (with --spec-max-batch "
+         "pinned: up to it)"),
     Flag(
         "--draft-quantization",
         "spec",

@@ -25,6 +25,16 @@ def tiny_llama_dir(tiny_model_dirs) -> Path:
 
 
 @pytest.fixture(scope="session")
+def bigram(tmp_path_factory, tiny_llama_dir) -> tuple[Path, Path]:
+    """(a tiny target whose next token depends on the last one only, its exact draft head)."""
+    from tests.spec_helpers import bigram_target_dir, oracle_head_dir
+
+    root = tmp_path_factory.mktemp("bigram")
+    target = bigram_target_dir(tiny_llama_dir, root / "target")
+    return target, oracle_head_dir(target, root / "oracle")
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The converted HF directory of the default SmolLM2 model (converting once if the cache is cold).
 

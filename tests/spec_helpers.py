@@ -1,13 +1,17 @@
-"""Draft heads for tests: random ones, and an exact "oracle" for a degenerate target."""
+"""Draft heads for tests (random ones, and an exact "oracle" for a degenerate target), and the
+chi-square check of sampled first tokens against the target's exact distribution."""
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
 
+import numpy as np
 import torch
+from scipy import stats
 from transformers import AutoModelForCausalLM
 
+from eagle_core import SamplingParams
 from eagle_core.spec.draft_head import EagleHead, draft_config_from_target, save_draft_head
 
 
@@ -68,3 +72,50 @@ def oracle_head_dir(bigram_dir: Path, out: Path) -> Path:
         layer.mlp.down_proj.weight.zero_()
     save_draft_head(head, str(out))
     return out
+
+
+def first_three_counts(engine, prompt, params, num_samples: int) -> dict[tuple[int, ...], int]:
+    """How often each first three tokens came out of `num_samples` seeded requests (seeds 0..)."""
+    counts: dict[tuple[int, ...], int] = {}
+    batch = 64
+    for start in range(0, num_samples, batch):
+        outputs: dict[str, list[int]] = {}
+        for i in range(start, min(start + batch, num_samples)):
+            engine.add_request(f"s{i}", prompt, SamplingParams(**{**params, "seed": i}))
+        while engine.has_unfinished():
+            for out in engine.step():
+                outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
+        for tokens in outputs.values():
+            key = tuple(tokens[:3])
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def exact_first_three(target_dir, prompt, top_k: int) -> dict[tuple[int, ...], float]:
+    """The target's exact distribution of its first three sampled tokens under top-k, T=1."""
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+
+    def step(prefix):
+        with torch.inference_mode():
+            logits = model(torch.tensor([prefix])).logits[0, -1]
+        top = torch.topk(logits, top_k)
+        probs = torch.softmax(top.values, dim=-1)
+        return list(zip(top.indices.tolist(), probs.tolist()))
+
+    exact = {}
+    for a, pa in step(prompt):
+        for b, pb in step(prompt + [a]):
+            for c, pc in step(prompt + [a, b]):
+                exact[(a, b, c)] = pa * pb * pc
+    return exact
+
+
+def chi_square_pvalue(counts, exact, num_samples) -> float:
+    """Chi-square p-value of sampled counts against an exact distribution over the same keys."""
+    keys = sorted(exact)
+    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
+    assert observed.sum() + sum(v for k, v in counts.items() if k not in exact) == num_samples
+    assert all(k in exact for k in counts), "a sample fell outside the target's support"
+    expected = np.array([exact[k] for k in keys], dtype=float)
+    expected *= num_samples / expected.sum()  # float32 softmax sums to 1 only within ~1e-7
+    return float(stats.chisquare(observed, expected).pvalue)

@@ -172,11 +172,9 @@ class Worker:
         self.num_lookup_slots = spec.lookup_tokens
         logger.info(
             "EAGLE draft head %s (%s%s): tree of %d tokens, depth %d, top-k %d, up to %d context "
-            "lookup tokens; speculating while %s%s",
+            "lookup tokens; %s",
             spec.draft, self.draft_head.kind, ", int8 weights" if quantized else "",
-            spec.num_draft_tokens, spec.depth, spec.top_k, spec.lookup_tokens,
-            f"at most {spec.max_batch} sequences run" if spec.max_batch else "any number of sequences run",
-            _lookup_alone(spec),
+            spec.num_draft_tokens, spec.depth, spec.top_k, spec.lookup_tokens, _drafting_rule(spec),
         )
         return SpecRunner(self.target, self.sampler, drafter, ContextLookup(spec.lookup_tokens))
 
@@ -201,15 +199,15 @@ def resolve_attention_backend(name: str, compiled: bool, deterministic: bool = F
     return name
 
 
-def _lookup_alone(spec: SpecConfig) -> str:
-    """The log's words on lookup-only steps past --spec-max-batch."""
-    if not spec.max_batch or not spec.lookup_tokens:
-        return ""
-    if not spec.lookup_max_batch:
-        return ", context lookup alone above"
-    if spec.lookup_max_batch > spec.max_batch:
-        return f", context lookup alone up to {spec.lookup_max_batch}"
-    return ""
+def _drafting_rule(spec: SpecConfig) -> str:
+    """The log's words on who drafts."""
+    if spec.max_batch is None:
+        return "the speculation policy chooses who drafts each step"
+    words = f"speculating while at most {spec.max_batch} sequences run" if spec.max_batch else "speculating always"
+    if spec.max_batch and spec.lookup_tokens and spec.lookup_max_batch != spec.max_batch:
+        limit = spec.lookup_max_batch if spec.lookup_max_batch is not None else spec.max_batch
+        words += f", context lookup alone up to {limit}" if limit else ", context lookup alone above"
+    return words
 
 
 # The EAGLE head this project trains for its default model ships inside the package.
@@ -226,17 +224,16 @@ def resolve_draft(config: EngineConfig) -> str | None:
 
 
 def spec_defaults(device: torch.device, dtype: torch.dtype) -> SpecDefaults:
-    """The tree and batch limit for unset spec fields: narrow trees at batch 1 where a CPU's
-    matmuls run in fp32 (or emulated bf16), wide trees at batch 1 elsewhere (see WIDE_SPEC
-    and NARROW_SPEC)."""
+    """The tree for unset spec fields: narrow where a CPU's matmuls run in fp32 (or emulated
+    bf16), wide elsewhere (see WIDE_SPEC and NARROW_SPEC)."""
     if device.type == "cpu" and not (dtype == torch.bfloat16 and cpu_has_native_bf16()):
         return NARROW_SPEC
     return WIDE_SPEC
 
 
 def derive_config(config: EngineConfig, model_config, dtype, device) -> EngineConfig:
-    """Fill in max_model_len, the KV size in tokens, the draft tree and the speculation batch
-    limit (a new config; the input is frozen)."""
+    """Fill in max_model_len, the KV size in tokens and the draft tree (a new config; the input
+    is frozen)."""
     spec = config.spec.with_defaults(spec_defaults(device, dtype))
     model_max = getattr(model_config, "max_position_embeddings", None) or _DEFAULT_MAX_MODEL_LEN_CAP
     max_model_len = config.model.max_model_len or min(model_max, _DEFAULT_MAX_MODEL_LEN_CAP)

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
-from scipy import stats
 
 from eagle_core import SamplingParams, SpecConfig
 from eagle_core.errors import InvalidRequestError, ModelLoadError
@@ -16,19 +14,17 @@ from eagle_core.spec.int8_linear import Int8Linear
 from eagle_core.spec.lookup import ContextLookup
 from tests.engine_helpers import hf_greedy, make_engine, random_prompts, run_staggered
 from tests.models import TINY_VOCAB_SIZE
-from tests.spec_helpers import bigram_target_dir, oracle_head_dir, random_head_dir
+from tests.spec_helpers import (
+    chi_square_pvalue,
+    exact_first_three,
+    first_three_counts,
+    random_head_dir,
+)
 
 TREES = {
     "tree": SpecConfig(num_draft_tokens=12, depth=4, top_k=3),
     "chain": SpecConfig(num_draft_tokens=5, depth=4, top_k=1),
 }
-
-
-@pytest.fixture(scope="module")
-def bigram(tmp_path_factory, tiny_llama_dir):
-    root = tmp_path_factory.mktemp("bigram")
-    target = bigram_target_dir(tiny_llama_dir, root / "target")
-    return target, oracle_head_dir(target, root / "oracle")
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -209,63 +205,16 @@ def test_stop_strings_and_min_tokens_under_deep_speculation_match_plain_decoding
     assert spec.stats["spec_num_accepted_tokens"] > 2 * spec.stats["spec_num_drafts"]
 
 
-def _first_three_counts(engine, prompt, params, num_samples: int) -> dict[tuple[int, ...], int]:
-    counts: dict[tuple[int, ...], int] = {}
-    batch = 64
-    for start in range(0, num_samples, batch):
-        outputs: dict[str, list[int]] = {}
-        for i in range(start, min(start + batch, num_samples)):
-            engine.add_request(f"s{i}", prompt, SamplingParams(**{**params, "seed": i}))
-        while engine.has_unfinished():
-            for out in engine.step():
-                outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
-        for tokens in outputs.values():
-            key = tuple(tokens[:3])
-            counts[key] = counts.get(key, 0) + 1
-    return counts
-
-
-def _exact_first_three(target_dir, prompt, top_k: int) -> dict[tuple[int, ...], float]:
-    """The target's exact distribution of its first three sampled tokens under top-k, T=1."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-
-    def step(prefix):
-        with torch.inference_mode():
-            logits = model(torch.tensor([prefix])).logits[0, -1]
-        top = torch.topk(logits, top_k)
-        probs = torch.softmax(top.values, dim=-1)
-        return list(zip(top.indices.tolist(), probs.tolist()))
-
-    exact = {}
-    for a, pa in step(prompt):
-        for b, pb in step(prompt + [a]):
-            for c, pc in step(prompt + [a, b]):
-                exact[(a, b, c)] = pa * pb * pc
-    return exact
-
-
-def _chi_square_pvalue(counts, exact, num_samples) -> float:
-    keys = sorted(exact)
-    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
-    assert observed.sum() + sum(v for k, v in counts.items() if k not in exact) == num_samples
-    assert all(k in exact for k in counts), "a sample fell outside the target's support"
-    expected = np.array([exact[k] for k in keys], dtype=float)
-    expected *= num_samples / expected.sum()  # float32 softmax sums to 1 only within ~1e-7
-    return float(stats.chisquare(observed, expected).pvalue)
-
-
 def test_sampling_under_speculation_matches_the_target_distribution(bigram, monkeypatch):
     target, oracle = bigram
     prompt = random_prompts(14, [6], TINY_VOCAB_SIZE)[0]
     top_k, num_samples = 3, 1500
     params = dict(temperature=1.0, top_k=top_k, max_tokens=3, ignore_eos=True)
-    exact = _exact_first_three(target, prompt, top_k)
+    exact = exact_first_three(target, prompt, top_k)
     spec = SpecConfig(num_draft_tokens=8, depth=3, top_k=2)
     engine = make_engine(target, draft=str(oracle), spec=spec, max_num_seqs=64)
-    counts = _first_three_counts(engine, prompt, params, num_samples)
-    assert _chi_square_pvalue(counts, exact, num_samples) > 1e-3
+    counts = first_three_counts(engine, prompt, params, num_samples)
+    assert chi_square_pvalue(counts, exact, num_samples) > 1e-3
 
     # The same check must fail for a verifier that accepts every draft along the first
     # children (instead of drawing from the target at each node): it over-produces the draft's
@@ -279,8 +228,8 @@ def test_sampling_under_speculation_matches_the_target_distribution(bigram, monk
 
     monkeypatch.setattr(spec_runner, "accepted_path", accept_first_children)
     biased_engine = make_engine(target, draft=str(oracle), spec=spec, max_num_seqs=64)
-    biased_counts = _first_three_counts(biased_engine, prompt, params, num_samples)
-    assert _chi_square_pvalue(biased_counts, exact, num_samples) < 1e-6
+    biased_counts = first_three_counts(biased_engine, prompt, params, num_samples)
+    assert chi_square_pvalue(biased_counts, exact, num_samples) < 1e-6
 
 
 def _tau(engine) -> float:
@@ -362,13 +311,13 @@ def test_sampling_with_context_lookup_matches_the_target_distribution(bigram, tm
     top_k, num_samples = 3, 1500
     # 5 tokens, of which the first three are compared: the second step has room for 3 drafts
     params = dict(temperature=1.0, top_k=top_k, max_tokens=5, ignore_eos=True)
-    exact = _exact_first_three(target, prompt, top_k)
+    exact = exact_first_three(target, prompt, top_k)
     spec = SpecConfig(num_draft_tokens=1, depth=1, top_k=1, lookup_tokens=4)
     engine = make_engine(target, draft=str(head), spec=spec, max_num_seqs=64)
-    counts = _first_three_counts(engine, prompt, params, num_samples)
+    counts = first_three_counts(engine, prompt, params, num_samples)
     stats = engine.stats
     assert stats["spec_num_draft_tokens"] > stats["spec_num_accepted_tokens"] > 0.2 * num_samples
-    assert _chi_square_pvalue(counts, exact, num_samples) > 1e-3
+    assert chi_square_pvalue(counts, exact, num_samples) > 1e-3
 
 
 @pytest.mark.parametrize("prompt_len", [1, 2, 5])

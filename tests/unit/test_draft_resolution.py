@@ -42,14 +42,14 @@ def test_explicit_choices_are_kept():
     assert worker.resolve_draft(config("smollm2", "/heads/mine")) == "/heads/mine"
 
 
-# ---- the draft tree and batch limit: unset fields take the hardware's defaults
+# ---- the draft tree: unset fields take the hardware's defaults; who drafts stays the policy's
 
 def test_unset_fields_take_the_defaults_and_set_ones_stay():
-    assert SpecConfig().with_defaults(WIDE_SPEC) == SpecConfig(
-        num_draft_tokens=8, depth=3, top_k=3, max_batch=1, lookup_tokens=8, lookup_max_batch=1)
+    assert SpecConfig().with_defaults(WIDE_SPEC) == SpecConfig(num_draft_tokens=8, depth=3, top_k=3, lookup_tokens=8)
+    assert SpecConfig().with_defaults(WIDE_SPEC).max_batch is None  # the policy chooses
     mixed = SpecConfig(num_draft_tokens=12, top_k=1, max_batch=0, lookup_tokens=0).with_defaults(NARROW_SPEC)
     assert (mixed.num_draft_tokens, mixed.depth, mixed.top_k, mixed.max_batch, mixed.lookup_tokens,
-            mixed.lookup_max_batch) == (12, 2, 1, 0, 0, 4)
+            mixed.lookup_max_batch) == (12, 2, 1, 0, 0, None)
 
 
 @pytest.mark.parametrize(("field", "value"), [("depth", 0), ("num_draft_tokens", 0), ("max_batch", -1),
@@ -85,8 +85,8 @@ def test_derived_config_fills_the_defaults_and_reserves_the_tree_slots():
         return worker.derive_config(EngineConfig(cache=cache, spec=spec), model_config, torch.float32, cpu)
 
     spec = derive(SpecConfig()).spec
-    assert (spec.num_draft_tokens, spec.depth, spec.top_k, spec.max_batch, spec.lookup_tokens,
-            spec.lookup_max_batch) == NARROW_SPEC
+    assert (spec.num_draft_tokens, spec.depth, spec.top_k, spec.lookup_tokens) == NARROW_SPEC
+    assert spec.max_batch is None and spec.lookup_max_batch is None
     # 3 + 8 slots fit; an explicit size survives, and 8 + 8 do not
     with pytest.raises(ValueError, match="cannot hold one full-length sequence"):
         derive(SpecConfig(num_draft_tokens=8))
