@@ -149,8 +149,8 @@ class ServerMetrics:
                 self._per_model.append(metric)
             return metric
 
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, _MODEL, registry=r)
+        def gauge(name: str, doc: str, *labels: str) -> Gauge:
+            return Gauge(name, doc, [*_MODEL, *labels], registry=r)
 
         # --- requests (from the engine client's outputs, per engine request = one choice)
         self.time_to_first_token = histogram(
@@ -252,6 +252,28 @@ class ServerMetrics:
         )
         self.kv_cache_usage = gauge(
             "eagle_kv_cache_usage_perc", "Fraction of KV cache blocks in use (0 to 1)."
+        )
+        # --- the speculation policy (engine.stats["spec_policy"]; absent when pinned or plain)
+        self.spec_policy_drafting = gauge(
+            "eagle_spec_policy_drafting_sequences",
+            "Decoding sequences the speculation policy let draft with the head in the last step.",
+        )
+        self.spec_policy_goodput = gauge(
+            "eagle_spec_policy_expected_tokens_per_second",
+            "Emitted tokens per second the policy expected of the last step's choice.",
+        )
+        self.spec_policy_step_seconds = gauge(
+            "eagle_spec_policy_step_seconds",
+            "The policy's cost model: seconds of a decode step of `batch` sequences, all plain "
+            "(kind=plain) or all drafting the head's tree (kind=drafting); measured at start-up, "
+            "then following served steps.",
+            "kind", "batch",
+        )
+        self.spec_policy_acceptance = gauge(
+            "eagle_spec_policy_head_acceptance",
+            "The policy's running average of head draft tokens accepted per step, over greedy or "
+            "sampling requests (what it expects of a new request).",
+            "sampling",
         )
         self.model_info = Info(
             "eagle_model",
@@ -361,6 +383,15 @@ class ServerMetrics:
         self.num_requests_waiting.labels(model).set(client.num_waiting)
         self.num_requests_running_peak.labels(model).set(client.peak_running)
         self.kv_cache_usage.labels(model).set(float(client.engine_stats.get("kv_cache_usage", 0)))
+        policy = client.engine_stats.get("spec_policy")
+        if policy:
+            self.spec_policy_drafting.labels(model).set(policy["drafting"])
+            self.spec_policy_goodput.labels(model).set(policy["expected_tokens_per_second"])
+            for kind, table in (("plain", policy["costs"]["plain"]), ("drafting", policy["costs"]["spec"])):
+                for batch, seconds in table.items():
+                    self.spec_policy_step_seconds.labels(model, kind, str(batch)).set(seconds)
+            for sampling, value in policy["head_acceptance"].items():
+                self.spec_policy_acceptance.labels(model, sampling).set(value)
         if self._info_model != model:
             self.model_info.labels(model).info(model_info(client.engine))
             self._initialise_series(model)

@@ -221,6 +221,21 @@ def test_engine_counters_export_their_increase():
     assert 'position="4"' in text and 'position="5"' not in text
 
 
+def test_the_speculation_policy_exports_its_choice_and_cost_model():
+    from eagle_core.spec.policy import Candidate, SpeculationPolicy, StepCosts
+
+    policy = SpeculationPolicy(StepCosts({1: 0.020, 4: 0.024}, {1: 0.030, 4: 0.070}))
+    policy.choose([Candidate("a", True, head=True)])
+    m, client = make_metrics(engine=stub_engine())
+    client.engine_stats = {**spec_stats(0, 0, 0, [0] * 7), "spec_policy": policy.as_dict()}
+    m.render()
+    assert value(m, "eagle_spec_policy_drafting_sequences") == 1
+    assert value(m, "eagle_spec_policy_expected_tokens_per_second") == pytest.approx(2 / 0.030)
+    assert value(m, "eagle_spec_policy_step_seconds", kind="plain", batch="4") == 0.024
+    assert value(m, "eagle_spec_policy_step_seconds", kind="drafting", batch="1") == 0.030
+    assert value(m, "eagle_spec_policy_head_acceptance", sampling="greedy") == 1.0
+
+
 def test_a_plain_engine_exports_no_positions_and_an_info_without_draft():
     m, client = make_metrics(engine=stub_engine(draft=None))
     client.engine_stats = spec_stats(0, 0, 0, [0] * 15)
