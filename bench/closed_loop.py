@@ -1,17 +1,16 @@
 """Closed-loop clients in one process: the server's sweep without HTTP, interleaved.
 
-    .venv/bin/python -m bench.closed_loop [--concurrency 2 4] [--rounds 4] [--per-round 6]
-        [--spec-max-batch N] [--lookup-max-batch N]
+    .venv/bin/python -m bench.closed_loop [--concurrency 1 2 4 8 16] [--temperature 0 1]
+        [--variants policy pinned-1 always] [--rounds 2]
 
 Each of C "clients" keeps one request in flight: as soon as an answer ends (EOS or --max-tokens),
 the next MT-bench first turn is added, as `bench.serve_bench`'s concurrency sweep does over HTTP.
-Answers end at different times, so the running count dips below C and, with the default
---spec-max-batch, the EAGLE engine speculates in those gaps and decodes plainly otherwise. Two
-engines on the same model (plain, and EAGLE with the server's defaults or the given
---spec-max-batch); each round runs the same --per-round questions through both, the order
-alternating. Comparing this with the HTTP
-sweep separates the engine's behaviour from the server's. Writes
-bench/results/closed-loop-<date>-<machine>.json.
+Answers end at different times, so the running count varies. Engines on the same model: plain
+decoding, and one EAGLE engine per variant: "policy" (the default: the speculation policy
+chooses who drafts), "pinned-N" (--spec-max-batch N --lookup-max-batch N), "always"
+(--spec-max-batch 0). Each round runs the same questions (--per-round, default 2 x C, at least
+6) through every engine, the order rotating. Comparing this with the HTTP sweep separates the
+engine's behaviour from the server's. Writes bench/results/closed-loop-<date>-<machine>.json.
 """
 
 from __future__ import annotations
@@ -46,60 +45,76 @@ def closed_loop(llm: LLM, prompts: list[str], concurrency: int, params: Sampling
     return {"tokens": tokens, "seconds": time.perf_counter() - start, "steps": steps}
 
 
+def variant_spec(name: str, draft: str) -> SpecConfig:
+    """The EAGLE engine's SpecConfig for a variant name (see the module docstring)."""
+    if name == "policy":
+        return SpecConfig(draft=draft)
+    if name == "always":
+        return SpecConfig(draft=draft, max_batch=0)
+    if name.startswith("pinned-"):
+        limit = int(name.removeprefix("pinned-"))
+        return SpecConfig(draft=draft, max_batch=limit, lookup_max_batch=limit)
+    raise SystemExit(f"unknown variant {name!r}: policy, always or pinned-N")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--draft", default="eagle_core/heads/smollm2-135m-eagle")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--per-round", type=int, default=6, help="questions per round")
+    parser.add_argument("--variants", nargs="+", default=["policy"], help="EAGLE engines: policy, always, pinned-N")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--temperature", type=float, nargs="+", default=[0.0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--per-round", type=int, default=0, help="questions per round (0: 2 x C, at least 6)")
     parser.add_argument("--first", type=int, default=10, help="index of the first MT-bench question")
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--spec-max-batch", type=int, default=None,
-                        help="the EAGLE engine's --spec-max-batch (default: the hardware's)")
-    parser.add_argument("--lookup-max-batch", type=int, default=None,
-                        help="the EAGLE engine's --lookup-max-batch (default: the hardware's)")
+    parser.add_argument("--machine", default=None, help="machine label for the result file")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
 
-    engines = {
-        "plain": LLM(args.model, dtype=args.dtype, draft=None),
-        "eagle": LLM(args.model, dtype=args.dtype,
-                     config=EngineConfig(spec=SpecConfig(draft=args.draft, max_batch=args.spec_max_batch,
-                                                         lookup_max_batch=args.lookup_max_batch))),
-    }
+    engines = {"plain": LLM(args.model, dtype=args.dtype, draft=None)}
+    for name in args.variants:
+        engines[name] = LLM(args.model, dtype=args.dtype, config=EngineConfig(spec=variant_spec(name, args.draft)))
     warm = SamplingParams(temperature=0, max_tokens=8)
     for llm in engines.values():
         llm.chat([[{"role": "user", "content": "Hello!"}]] * 2, warm)
     questions = [q.turns[0] for q in mt_bench_questions()]
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     rows = []
-    for concurrency in args.concurrency:
-        totals = {name: {"tokens": 0, "seconds": 0.0, "steps": 0} for name in engines}
-        before = engines["eagle"].engine.spec_counters.num_drafts
-        for r in range(args.rounds):
-            first = args.first + r * args.per_round
-            prompts = questions[first : first + args.per_round]
-            names = list(engines) if r % 2 == 0 else list(engines)[::-1]
-            for name in names:
-                result = closed_loop(engines[name], prompts, concurrency, params, f"c{concurrency}r{r}")
-                for key in totals[name]:
-                    totals[name][key] += result[key]
-        rates = {name: t["tokens"] / t["seconds"] for name, t in totals.items()}
-        row = {"concurrency": concurrency, **{f"{name}_tok_s": rate for name, rate in rates.items()},
-               "eagle_vs_plain": rates["eagle"] / rates["plain"],
-               "eagle_drafted_steps": engines["eagle"].engine.spec_counters.num_drafts - before,
-               "totals": totals}
-        rows.append(row)
-        print(f"c={concurrency}: plain {rates['plain']:.1f} tok/s, eagle {rates['eagle']:.1f} tok/s, "
-              f"{row['eagle_vs_plain']:.2f}x ({row['eagle_drafted_steps']} drafted sequence-steps)", flush=True)
-    spec = engines["eagle"].engine.config.spec
+    for temperature in args.temperature:
+        params = SamplingParams(temperature=temperature, max_tokens=args.max_tokens, seed=0)
+        for concurrency in args.concurrency:
+            per_round = args.per_round or max(6, 2 * concurrency)
+            totals = {name: {"tokens": 0, "seconds": 0.0, "steps": 0} for name in engines}
+            before = {name: llm.engine.spec_counters.num_drafts for name, llm in engines.items()}
+            for r in range(args.rounds):
+                first = (args.first + r * per_round) % len(questions)
+                prompts = (questions[first:] + questions)[:per_round]
+                names = list(engines)
+                names = names[r % len(names):] + names[: r % len(names)]
+                for name in names:
+                    result = closed_loop(engines[name], prompts, concurrency, params, f"t{temperature}c{concurrency}r{r}")
+                    for key in totals[name]:
+                        totals[name][key] += result[key]
+            rates = {name: t["tokens"] / t["seconds"] for name, t in totals.items()}
+            row = {"temperature": temperature, "concurrency": concurrency, "questions_per_round": per_round,
+                   **{f"{name}_tok_s": rate for name, rate in rates.items()},
+                   **{f"{name}_vs_plain": rates[name] / rates["plain"] for name in args.variants},
+                   **{f"{name}_drafted_steps": engines[name].engine.spec_counters.num_drafts - before[name]
+                      for name in args.variants},
+                   "totals": totals}
+            rows.append(row)
+            print(f"T={temperature} c={concurrency}: plain {rates['plain']:.1f} tok/s"
+                  + "".join(f", {name} {rates[name]:.1f} ({row[f'{name}_vs_plain']:.2f}x, "
+                            f"{row[f'{name}_drafted_steps']} drafted)" for name in args.variants), flush=True)
+    any_engine = engines[args.variants[0]].engine if args.variants else engines["plain"].engine
+    spec = any_engine.config.spec
+    policy = {name: llm.engine.policy.as_dict() for name, llm in engines.items() if llm.engine.policy is not None}
     settings = {**vars(args), "tree": [spec.num_draft_tokens, spec.depth, spec.top_k],
-                "lookup_tokens": spec.lookup_tokens, "spec_max_batch": spec.max_batch,
-                "lookup_max_batch": spec.lookup_max_batch,
-                "dtype_resolved": dtype_name(engines["eagle"].engine.worker.dtype)}
-    out = write_result(args.out, "closed-loop", {"settings": settings, "rows": rows})
+                "lookup_tokens": spec.lookup_tokens,
+                "dtype_resolved": dtype_name(any_engine.worker.dtype)}
+    out = write_result(args.out, "closed-loop", {"settings": settings, "rows": rows, "policy_end": policy},
+                       f"-{args.machine}" if args.machine else "")
     print(f"wrote {out}")
 
 
