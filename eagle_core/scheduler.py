@@ -173,6 +173,16 @@ class Scheduler:
             else:
                 room = _draft_room(request) >= 1
                 candidates.append(Candidate(request.request_id, request.params.greedy, head=room))
+        # Waiting requests this step is likely to admit (KV blocks aside) prefill in it too.
+        left = budget - len(candidates) - other_rows
+        seats = self.config.max_num_seqs - len(self.running)
+        for request in self.waiting:
+            if left <= 0 or seats <= 0:
+                break
+            chunk = min(request.num_tokens - request.num_computed_tokens, left)
+            other_rows += chunk
+            left -= chunk
+            seats -= 1
         return self.policy.choose(candidates, other_rows)
 
     def _add_lookup_slots(self, work: list[SeqWork], budget: int, lookup_alone: frozenset[str]) -> None:

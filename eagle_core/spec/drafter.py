@@ -18,7 +18,7 @@ blocks cover both. A step drafts in two phases, before the target forward:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -42,18 +42,16 @@ from eagle_core.worker.warm_up import dummy_groups
 
 @dataclass
 class DraftState:
-    """Per-request drafting state. Invariant at a step's start: draft_len + len(pending) equals
+    """Per-request drafting state. Invariant at a step's start: draft_len + num_pending equals
     the number of tokens in the target's KV."""
 
     draft_len: int = 0
     """Positions 0..draft_len-1 have committed draft KV."""
-    pending: torch.Tensor | None = (
-        None  # [c, feature] target features of draft_len .. draft_len+c-1
-    )
-
-    @property
-    def num_pending(self) -> int:
-        return 0 if self.pending is None else self.pending.shape[0]
+    pending: list[torch.Tensor] = field(default_factory=list)
+    """Target features of draft_len, draft_len+1, ... in order: [c_i, feature] chunks, one per
+    step that committed tokens, concatenated only when fed (appending never copies)."""
+    num_pending: int = 0
+    """Rows in `pending`."""
 
 
 class RootDraft(NamedTuple):
@@ -121,9 +119,11 @@ class Drafter:
         return state
 
     def record(self, request_id: str, features: torch.Tensor) -> None:
-        """Features ([c, feature]) of the tokens the target just committed, owed to the draft."""
+        """Features ([c, feature]) of the tokens the target just committed, owed to the draft.
+        Held until fed: `features` should not view a tensor much larger than the rows it holds."""
         state = self.states[request_id]
-        state.pending = features if state.pending is None else torch.cat([state.pending, features])
+        state.pending.append(features)
+        state.num_pending += features.shape[0]
 
     # ---- phase 1 ----------------------------------------------------------------------------
 
@@ -145,9 +145,9 @@ class Drafter:
             start, count = state.draft_len, state.num_pending
             tokens = token_range(work.prompt_token_ids, work.output_token_ids, start + 1, start + count + 1)
             groups.append(_causal_group(tokens, start, work.block_table, self.block_size))
-            features.append(state.pending)
+            features += state.pending
             owners.append(work.request_id)
-            state.draft_len, state.pending = start + count, None
+            state.draft_len, state.pending, state.num_pending = start + count, [], 0
         if not groups:
             return {}
         last_rows, total = [], 0

@@ -228,19 +228,25 @@ class SpecRunner:
             start += count
 
     def _commit(self, works, trees, results, features: torch.Tensor, offsets: list[int]) -> None:
-        """Keep the accepted paths' KV and hand the committed tokens' features to the drafter."""
-        src, dst = [], []
+        """Keep the accepted paths' KV and hand the committed tokens' features to the drafter.
+
+        The committed rows of every work come out of `features` in one gather, so what the
+        drafter holds is exactly those rows (never a view that keeps the whole step alive)."""
+        src, dst, rows, counts = [], [], [], []
         for i, work in enumerate(works):
             if i in trees:
                 accepted = results[work.request_id].accepted_nodes
-                rows = [0, *accepted]
                 moves = accepted_path_moves(work.block_table, work.start_pos, accepted, self.target.block_size)
                 src += moves[0]
                 dst += moves[1]
-                index = torch.tensor([offsets[i] + r for r in rows], device=features.device)
-                self.drafter.record(work.request_id, features[index])
+                own = [offsets[i] + r for r in [0, *accepted]]
             else:
-                self.drafter.record(work.request_id, features[offsets[i] : offsets[i] + len(work.token_ids)])
+                own = list(range(offsets[i], offsets[i] + len(work.token_ids)))
+            rows += own
+            counts.append(len(own))
+        committed = features[torch.tensor(rows, device=features.device)]  # [sum(counts), feature]
+        for work, chunk in zip(works, committed.split(counts)):
+            self.drafter.record(work.request_id, chunk)
         if src:
             device = features.device
             self.target.kv.move(torch.tensor(src, device=device), torch.tensor(dst, device=device))

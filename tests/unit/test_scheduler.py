@@ -8,6 +8,7 @@ from eagle_core.kv import BlockManager
 from eagle_core.request import Request, RequestStatus
 from eagle_core.sampling_params import SamplingParams
 from eagle_core.scheduler import Scheduler
+from eagle_core.spec.policy import Choice
 
 GREEDY = SamplingParams(temperature=0, max_tokens=100)
 
@@ -229,3 +230,33 @@ def test_above_max_spec_batch_decode_steps_get_lookup_slots_up_to_max_lookup_bat
     s.finish("b", "stop")
     batch, _ = step(s)
     assert (batch.seqs[0].num_draft_slots, batch.seqs[0].drafts_with_head) == (4 + 6, True)
+
+
+class _Recording:
+    """A policy that lets nobody draft and remembers what each step asked it."""
+
+    decides_lookup = True
+
+    def __init__(self):
+        self.asked: list[tuple[list[str], int]] = []
+
+    def choose(self, candidates, other_rows=0):
+        self.asked.append(([c.request_id for c in candidates], other_rows))
+        return Choice(frozenset(), frozenset(), 0.0)
+
+    def drop(self, request_id):
+        pass
+
+
+def test_the_policy_is_told_of_the_prefill_rows_the_step_will_admit():
+    policy = _Recording()
+    scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=64), BlockManager(64, 4), num_draft_slots=4,
+                          policy=policy)
+    scheduler.add(request("a", 5))
+    step(scheduler)  # a's prefill: nothing decodes yet
+    assert policy.asked[-1] == ([], 5)
+    scheduler.add(request("b", 12))
+    batch, _ = step(scheduler)
+    assert policy.asked[-1] == (["a"], 12)  # b is admitted in the same step
+    assert [len(w.token_ids) for w in batch.seqs] == [1, 12]
+    assert batch.seqs[0].draft_skip_reason == "policy"
