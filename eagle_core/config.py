@@ -180,10 +180,10 @@ class SpecConfig:
     "auto": int8 where it applies. The head's fc is left alone: its input carries raw target
     hidden states (EAGLE-3 fuses three layers'), whose outlier channels (|x| ~ 25,000 in
     SmolLM2) turned int8 rounding into 6% output error (0.3-0.7% in the other linears)."""
-    defer_limit: int = 64
-    """Owed draft entries per sequence past which a step's draft catch-up feeds every sequence,
-    drafting or not (see Drafter.catch_up); 0 feeds every owed entry at every step. Bounds the
-    target features held for sequences that decode plainly (`python -m bench.deferred_catch_up`)."""
+    feature_window: int = 256
+    """Target features kept per sequence that does not draft (at least this many, fewer than
+    this plus a KV block): such a sequence costs no draft forward, and when it drafts again its
+    draft head's context restarts at these features (see Drafter.catch_up)."""
 
     def with_defaults(self, defaults: SpecDefaults) -> SpecConfig:
         """This config with its unset tree and batch fields taken from `defaults`."""
@@ -192,7 +192,7 @@ class SpecConfig:
 
     def __post_init__(self) -> None:
         check_least(self, (("num_draft_tokens", 1), ("depth", 1), ("top_k", 1), ("max_batch", 0), ("lookup_tokens", 0),
-                           ("lookup_max_batch", 0), ("defer_limit", 0)))
+                           ("lookup_max_batch", 0), ("feature_window", 1)))
         if self.draft_quantization not in DRAFT_QUANTIZATIONS:
             raise ValueError(
                 f"draft_quantization must be one of {', '.join(DRAFT_QUANTIZATIONS)}, "

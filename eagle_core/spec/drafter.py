@@ -7,9 +7,11 @@ blocks cover both. A step drafts in two phases, before the target forward:
 
 1. catch-up: every sequence that drafts this step feeds the entries it owes (positions whose
    target features arrived in earlier steps: a prefill chunk, or the root plus accepted tokens),
-   all packed into one draft forward; sequences that do not draft this step feed theirs later
-   (see `catch_up`). The last entry of a decoding sequence reads the root (the last sampled
-   token) and gives the root's children.
+   all packed into one draft forward. Sequences that do not draft are never fed: they keep
+   only their most recent features (`DraftState`), and when one drafts again after owing more
+   than that window, its draft context restarts at the window (see `catch_up`). The last entry
+   of a decoding sequence reads the root (the last sampled token) and gives the root's
+   children.
 2. tree levels: depth - 1 more forwards over the top_k frontier nodes of every speculating
    sequence. These entries are provisional: they sit at positions past the sequence's context
    (in its reserved blocks, then in per-row scratch blocks beyond the shared pool) and are
@@ -42,16 +44,35 @@ from eagle_core.worker.warm_up import dummy_groups
 
 @dataclass
 class DraftState:
-    """Per-request drafting state. Invariant at a step's start: draft_len + num_pending equals
-    the number of tokens in the target's KV."""
+    """Per-request drafting state.
 
+    The draft head's context is positions origin .. draft_len - 1 (committed draft KV; origin is
+    a block boundary, and the head attends to nothing before it). `pending` holds the target
+    features of positions pending_start .. pending_start + num_pending - 1, which at a step's
+    start end at the target's KV length. pending_start == draft_len unless the sequence went
+    without drafting long enough for old features to be dropped (a gap)."""
+
+    origin: int = 0
     draft_len: int = 0
-    """Positions 0..draft_len-1 have committed draft KV."""
+    pending_start: int = 0
     pending: list[torch.Tensor] = field(default_factory=list)
-    """Target features of draft_len, draft_len+1, ... in order: [c_i, feature] chunks, one per
-    step that committed tokens, concatenated only when fed (appending never copies)."""
+    """[c_i, feature] chunks, one per step that committed tokens, concatenated only when fed."""
     num_pending: int = 0
     """Rows in `pending`."""
+
+    def keep_last(self, window: int, block_size: int) -> None:
+        """Drop the oldest pending features once window + block_size are held, keeping between
+        `window` and window + block_size - 1 from a block boundary (pending_start stays one)."""
+        if self.num_pending < window + block_size:
+            return
+        end = self.pending_start + self.num_pending
+        drop = (end - window) // block_size * block_size - self.pending_start
+        kept, seen = [], 0
+        for chunk in self.pending:
+            if seen + chunk.shape[0] > drop:
+                kept.append(chunk[max(drop - seen, 0) :])
+            seen += chunk.shape[0]
+        self.pending, self.pending_start, self.num_pending = kept, self.pending_start + drop, self.num_pending - drop
 
 
 class RootDraft(NamedTuple):
@@ -113,7 +134,7 @@ class Drafter:
     def state(self, work: SeqWork) -> DraftState:
         """The request's state, reset when its KV was recomputed from scratch (preemption)."""
         state = self.states.get(work.request_id)
-        if state is None or state.draft_len + state.num_pending != work.start_pos:
+        if state is None or state.pending_start + state.num_pending != work.start_pos:
             state = DraftState()
             self.states[work.request_id] = state
         return state
@@ -124,30 +145,32 @@ class Drafter:
         state = self.states[request_id]
         state.pending.append(features)
         state.num_pending += features.shape[0]
+        state.keep_last(self.spec.feature_window, self.block_size)
 
     # ---- phase 1 ----------------------------------------------------------------------------
 
     def catch_up(self, works: list[SeqWork]) -> dict[str, RootDraft]:
-        """Feed owed entries; returns, per request fed, its last entry's output and candidates.
+        """Feed the owed entries of the works that draft with the head this step, in one packed
+        forward; returns, per request fed, its last entry's output and candidates.
 
-        Sequences whose tree the head drafts this step are always fed. The others (plain or
-        lookup-only decoding above --spec-max-batch, prefill chunks) keep their features owed:
-        one packed forward over many owed entries costs about what a forward over one entry per
-        sequence costs, so catching every sequence up at every step would tax plain decoding
-        for nothing. They are all fed
-        together once any sequence owes spec.defer_limit entries, which bounds the held features."""
-        states = [self.state(work) for work in works]
-        flush = any(state.num_pending >= self.spec.defer_limit for state in states)
+        The others (plain or lookup-only decoding, prefill chunks) are not fed: a sequence that
+        does not draft costs no draft forward. A sequence whose oldest features were dropped
+        (`DraftState.keep_last`) restarts its draft context where its features begin: the head
+        then sees the last spec.feature_window or so tokens instead of the whole context, which
+        changes what it proposes, never what is accepted."""
         groups, features, owners = [], [], []
-        for work, state in zip(works, states):
-            if state.num_pending == 0 or (not work.drafts_with_head and not flush):
+        for work in works:
+            state = self.state(work)
+            if state.num_pending == 0 or not work.drafts_with_head:
                 continue
+            if state.pending_start != state.draft_len:
+                state.origin = state.draft_len = state.pending_start
             start, count = state.draft_len, state.num_pending
             tokens = token_range(work.prompt_token_ids, work.output_token_ids, start + 1, start + count + 1)
-            groups.append(_causal_group(tokens, start, work.block_table, self.block_size))
+            groups.append(self._context_group(state, work.block_table, tokens))
             features += state.pending
             owners.append(work.request_id)
-            state.draft_len, state.pending, state.num_pending = start + count, [], 0
+            state.draft_len, state.pending_start, state.pending, state.num_pending = start + count, start + count, [], 0
         if not groups:
             return {}
         last_rows, total = [], 0
@@ -159,6 +182,15 @@ class Drafter:
             request_id: RootDraft(out.hidden[row], out.top_logprobs[i], out.top_ids[i])
             for i, (request_id, row) in enumerate(zip(owners, last_rows))
         }
+
+    def _context_group(self, state: DraftState, block_table: list[int], tokens: list[int]) -> SeqGroup:
+        """The entries draft_len .. draft_len + len(tokens) - 1 as one causal row of the head's
+        context: stored and masked relative to the origin (the block table starts at the
+        origin's block), rotated at their true positions."""
+        start = state.draft_len - state.origin
+        group = causal_group([tokens], [start], [block_table[state.origin // self.block_size :]], self.block_size)
+        group.positions = state.draft_len + torch.arange(len(tokens))[None, :]  # [1, Q]
+        return group
 
     # ---- phase 2 ----------------------------------------------------------------------------
 
@@ -176,15 +208,18 @@ class Drafter:
         expansion = expand_top(torch.zeros(batch, 1, device=self.device), top_values[:, None], top_ids[:, None], top_k)
         pool.add(expansion)
         parent_hidden = root_hidden[:, None, :].expand(batch, top_k, -1)  # [B, K, hidden]
-        context = torch.tensor([w.start_pos for w in works])  # [B] each root's position
-        tables = self._tables_with_scratch(works)  # [B, MB]
+        origins = torch.tensor([self.states[w.request_id].origin for w in works])  # [B]
+        roots_at = torch.tensor([w.start_pos for w in works])  # [B] each root's position
+        tables = self._tables_with_scratch(works)  # [B, MB], from each origin's block
         for level in range(1, self.spec.depth):
             if level > 1:
                 parent_idx = expansion.frontier_parent_idx()  # [B, K]
                 parent_hidden = parent_hidden.gather(
                     1, parent_idx[:, :, None].expand(-1, -1, parent_hidden.shape[2])
                 )
-            group = self._tree_level_group(context, tables, level, expansion.frontier_token_ids(), pool.frontier_lineage)
+            group = self._tree_level_group(
+                roots_at - origins, roots_at, tables, level, expansion.frontier_token_ids(), pool.frontier_lineage
+            )
             rows = torch.arange(batch * top_k)
             out = self.forward([group], parent_hidden.reshape(batch * top_k, -1), rows)
             parent_hidden = out.hidden.view(batch, top_k, -1)  # [B, K, hidden]
@@ -204,26 +239,29 @@ class Drafter:
         return [_row(trees[num_nodes], b) for b, num_nodes in enumerate(sizes)]
 
     def _tables_with_scratch(self, works: list[SeqWork]) -> torch.Tensor:
-        """[B, MB] block tables whose rows continue with their scratch blocks: tree-level
-        entries past a sequence's reserved slots land there."""
+        """[B, MB] block tables from each sequence's origin block, continued with its scratch
+        blocks: tree-level entries past a sequence's reserved slots land there."""
         rows = []
         for row, work in enumerate(works):
             first = self.scratch_start + row * self.scratch_blocks
-            rows.append(work.block_table + list(range(first, first + self.scratch_blocks)))
+            own = work.block_table[self.states[work.request_id].origin // self.block_size :]
+            rows.append(own + list(range(first, first + self.scratch_blocks)))
         return block_table_tensor(rows)
 
     def _tree_level_group(
         self,
-        context: torch.Tensor,  # [B] the roots' positions (the draft KV holds 0..context-1)
-        tables: torch.Tensor,  # [B, MB] with scratch blocks
+        context: torch.Tensor,  # [B] the roots' positions past their origins (the head's context length)
+        roots_at: torch.Tensor,  # [B] the roots' positions
+        tables: torch.Tensor,  # [B, MB] from the origins, with scratch blocks
         level: int,
         tokens: torch.Tensor,  # [B, K] frontier tokens of depth `level`
         lineage: torch.Tensor,  # [B, K, level-1] each frontier node's index in the earlier frontiers
     ) -> SeqGroup:
         """Frontier nodes of depth `level` as draft entries after the context.
 
-        Entry j of level m sits at position context + (m-1)*K + j and reads (node token, its
-        parent's draft output); it sees the context and its own ancestors' entries."""
+        Entry j of level m is stored at context + (m-1)*K + j past the origin, rotated at
+        roots_at + m, and reads (node token, its parent's draft output); it sees the context and
+        its own ancestors' entries."""
         batch, top_k = tokens.shape
         device = tokens.device
         width = level * top_k
@@ -239,7 +277,7 @@ class Drafter:
             start_pos=start,
             block_tables=tables,
             key_len=int(start.max()) + top_k,
-            positions=(context + level - 1)[:, None].expand(batch, top_k).to(device),
+            positions=(roots_at + level - 1)[:, None].expand(batch, top_k).to(device),
             committed_len=context,
             tail_mask=tail,
         )
@@ -282,10 +320,6 @@ class Drafter:
         # Draft ids -> target ids (identity for EAGLE-1/2): verification compares target ids,
         # and the next level embeds them with the target's embedding.
         return hidden, top.values, self.head.draft_to_target(top.indices)
-
-
-def _causal_group(tokens: list[int], start: int, block_table: list[int], block_size: int) -> SeqGroup:
-    return causal_group([tokens], [start], [block_table], block_size)
 
 
 def _row(tree: DraftTree, b: int) -> DraftTree:

@@ -1,6 +1,7 @@
-"""Deferred catch-up: sequences that do not draft this step keep their draft entries owed, and
-feeding them later, in one packed forward, gives the draft head the same state as feeding them
-step by step."""
+"""Deferred catch-up: sequences that do not draft keep their draft entries owed (never fed while
+they do not draft); feeding them later, in one packed forward, gives the draft head the same
+state as feeding them step by step; past the feature window, the head's context restarts at the
+kept features, as if the sequence began there."""
 
 import dataclasses
 
@@ -38,14 +39,19 @@ def _work(request_id: str, tokens: list[int], t: int, blocks: list[int], drafts:
     )
 
 
-def _run(drafter, request_id, tokens, features, blocks, drafting_steps) -> dict[int, torch.Tensor]:
-    """Step through the sequence; returns the catch-up output at every step that drafted."""
+def _run(drafter, request_id, tokens, features, blocks, drafting_steps, trees=False) -> dict[int, torch.Tensor]:
+    """Step through the sequence; returns the catch-up output at every step that drafted (with
+    `trees`, the drafted tree's token ids instead)."""
     out = {}
     for t in range(len(tokens)):
         work = _work(request_id, tokens, t, blocks, drafts=t in drafting_steps)
         got = drafter.catch_up([work])
         if t in drafting_steps and t > 0:
-            out[t] = got[request_id].hidden.clone()
+            root = got[request_id]
+            out[t] = root.hidden.clone()
+            if trees:
+                (tree,) = drafter.build_trees([work], root.hidden[None], (root.top_logprobs[None], root.top_ids[None]))
+                out[t] = tree.token_ids.clone()
         else:
             assert request_id not in got  # not drafting: nothing fed, entries stay owed
         drafter.record(request_id, features[t : t + 1])  # the target committed tokens[t]
@@ -68,18 +74,32 @@ def test_deferred_catch_up_equals_step_by_step(drafter):
     assert len(deferred) == 3
 
 
-def test_any_sequence_owing_the_limit_flushes_every_sequence(drafter, monkeypatch):
-    monkeypatch.setattr(drafter, "spec", dataclasses.replace(drafter.spec, defer_limit=5))
+def test_sequences_that_do_not_draft_are_never_fed_and_keep_a_window(drafter, monkeypatch):
+    monkeypatch.setattr(drafter, "spec", dataclasses.replace(drafter.spec, feature_window=5))
     feature = drafter.head.feature_size
-    tokens = list(range(10, 30))
-    fed: list[set[str]] = []
-    for t in range(8):
-        works = [_work("x", tokens, t, [6, 7], drafts=False)]
-        if t >= 2:  # "y" starts two steps later, so the two owe different amounts
-            works.append(_work("y", tokens, t - 2, [8, 9], drafts=False))
-        fed.append(set(drafter.catch_up(works)))
-        for work in works:
-            drafter.record(work.request_id, torch.zeros(1, feature))
-    drafter.drop(["x", "y"])
-    # "x" owes 5 entries at step 5, so both are fed there (y owing 3); then they owe afresh.
-    assert fed == [set(), set(), set(), set(), set(), {"x", "y"}, set(), set()]
+    tokens = list(range(10, 70))
+    for t in range(60):
+        assert drafter.catch_up([_work("x", tokens, t, [6, 7, 8, 9], drafts=False)]) == {}
+        drafter.record("x", torch.zeros(1, feature))
+        state = drafter.states["x"]
+        assert 5 <= state.num_pending < 5 + BLOCK or state.pending_start == 0
+        assert state.pending_start % BLOCK == 0 and state.pending_start + state.num_pending == t + 1
+    assert drafter.states["x"].pending_start == 48
+    drafter.drop(["x"])
+
+
+def test_past_the_window_the_head_restarts_at_the_kept_features(drafter, monkeypatch):
+    """Drafting after 39 plain steps with a 5-feature window: the head sees positions 32..38
+    only, so it proposes what it would for a sequence that began at position 32 (attention
+    with rotary positions depends on relative positions only)."""
+    monkeypatch.setattr(drafter, "spec", dataclasses.replace(drafter.spec, feature_window=5))
+    g = torch.Generator().manual_seed(1)
+    n = 40
+    tokens = torch.randint(0, 200, (n,), generator=g).tolist()
+    features = torch.randn(n, drafter.head.feature_size, generator=g)  # [n, feature]
+    late = _run(drafter, "w", tokens, features, [0, 1, 2], drafting_steps={39})
+    fresh = _run(drafter, "f", tokens[32:], features[32:], [3], drafting_steps=set(range(8)))
+    torch.testing.assert_close(late[39], fresh[7], rtol=1e-4, atol=1e-4)
+    late_tree = _run(drafter, "w", tokens, features, [0, 1, 2], drafting_steps={39}, trees=True)
+    fresh_tree = _run(drafter, "f", tokens[32:], features[32:], [3], drafting_steps={7}, trees=True)
+    assert torch.equal(late_tree[39], fresh_tree[7])

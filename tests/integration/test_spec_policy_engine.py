@@ -86,3 +86,26 @@ def test_sampling_matches_the_target_distribution_while_the_choice_changes(bigra
     engine = shuffled(make_engine(target, draft=str(oracle), spec=SPEC, spec_max_batch=None, max_num_seqs=64), 3)
     counts = first_three_counts(engine, prompt, params, num_samples)
     assert chi_square_pvalue(counts, exact_first_three(target, prompt, top_k), num_samples) > 1e-3
+
+
+def test_greedy_is_exact_when_drafting_restarts_past_the_feature_window(bigram):
+    """A 2-feature window: prompts longer than a KV block, and sequences that skip drafting for
+    a while, restart the head's context at a block boundary; output stays exact."""
+    target, oracle = bigram
+    prompts = random_prompts(24, [5, 20, 37, 51], TINY_VOCAB_SIZE)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    plain = run_staggered(make_engine(target), prompts, params)
+    spec = SpecConfig(num_draft_tokens=6, depth=3, top_k=2, lookup_tokens=4, feature_window=2)
+    engine = shuffled(make_engine(target, draft=str(oracle), spec=spec, spec_max_batch=None), 3)
+    drafter = engine.worker.runner.drafter
+    origins = []
+    feed = drafter.catch_up
+
+    def catch_up(works):
+        roots = feed(works)
+        origins.extend(drafter.states[request_id].origin for request_id in roots)
+        return roots
+
+    drafter.catch_up = catch_up
+    assert run_staggered(engine, prompts, params) == plain
+    assert max(origins) > 0 and engine.stats["spec_num_drafts"] > 0
