@@ -66,7 +66,11 @@ COUNTERS = {
     "eagle_spec_decode_num_accepted_tokens_per_pos_total",
     "eagle_spec_decode_fallback_total",
 }
-GAUGES = {"eagle_num_requests_running", "eagle_num_requests_waiting", "eagle_kv_cache_usage_perc"}
+GAUGES = {
+    "eagle_num_requests_running", "eagle_num_requests_waiting", "eagle_kv_cache_usage_perc",
+    "eagle_spec_policy_drafting_sequences", "eagle_spec_policy_expected_tokens_per_second",
+    "eagle_spec_policy_step_seconds", "eagle_spec_policy_head_acceptance",
+}
 INFOS = {"eagle_model_info"}
 KNOWN_SERIES = (
     {f"{h}{suffix}" for h in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
@@ -355,6 +359,8 @@ def test_dashboard_covers_the_required_views():
         "sum by (position) (rate(eagle_spec_decode_num_accepted_tokens_per_pos_total",
         "sum by (reason) (rate(eagle_spec_decode_fallback_total",
         "sum by (reason) (rate(eagle_request_failure_total",
+        "eagle_spec_policy_drafting_sequences",
+        "eagle_spec_policy_step_seconds",
         "sum by (finished_reason) (rate(eagle_request_success_total",
     ):
         assert needle in exprs, needle
