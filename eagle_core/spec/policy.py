@@ -222,6 +222,8 @@ class SpeculationPolicy:
         self.decides_lookup = lookup
         self.steps_without_head = 0
         self.last: Choice | None = None
+        self.head_before: frozenset[str] = frozenset()
+        """Who drafted with the head in the step before the last choice."""
 
     def choose(self, candidates: list[Candidate], other_rows: int = 0) -> Choice:
         """The step's drafting: `candidates` are the decoding sequences, `other_rows` the
@@ -259,6 +261,7 @@ class SpeculationPolicy:
                 len(head), num, " (probe)" if probe else "", best,
                 1e3 * self.costs.step(rows, 0), 1e3 * self.costs.step(rows, len(head)),
             )
+        self.head_before = self.last.head if self.last else frozenset()
         self.last = choice
         return choice
 
@@ -284,9 +287,12 @@ class SpeculationPolicy:
         return min(MAX_PROBE_INTERVAL, max(4, math.ceil(extra / (PROBE_SHARE * plain))))
 
     def observe(self, batch: ScheduledBatch, result: StepResult, seconds: float, greedy: dict[str, bool]) -> None:
-        """Learn from a finished step: every decode result's acceptance, and (for steps with
-        no prefill) the step's wall time. `greedy`: request id -> decodes greedily."""
+        """Learn from a finished step: every decode result's acceptance, and the step's wall
+        time where it measures the cost tables: no prefill, and every drafting sequence drafted
+        in the step before too (a sequence that starts drafting first feeds the draft head what
+        it owes, a one-off cost). `greedy`: request id -> decodes greedily."""
         decode_only = True
+        steady = True
         rows = drafting = 0
         for work in batch.seqs:
             if not work.is_decode:
@@ -299,6 +305,7 @@ class SpeculationPolicy:
             if work.drafts_with_head and seq_result.num_draft_tokens:
                 drafting += 1
                 rows += 1
+                steady = steady and work.request_id in self.head_before
                 self.acceptance.record_head(work.request_id, is_greedy, seq_result.num_accepted_tokens)
             elif work.num_draft_slots:
                 rows += 1 + seq_result.num_draft_tokens
@@ -307,7 +314,7 @@ class SpeculationPolicy:
                 )
             else:
                 rows += 1
-        if decode_only and rows:
+        if decode_only and steady and rows:
             self.costs.observe(rows, drafting, seconds)
 
     def drop(self, request_id: str) -> None:

@@ -153,6 +153,9 @@ def test_observed_steps_move_the_tables_and_the_acceptance():
     batch = ScheduledBatch([work("a", 7), work("b", 0, skip="policy")])
     result = StepResult({"a": SeqResult("a", [1, 2, 3], 7, 2), "b": SeqResult("b", [4])})
     before = policy.costs.step(2, 1)
+    policy.observe(batch, result, 0.500, {"a": True, "b": True})
+    assert policy.costs.step(2, 1) == before  # "a" had not drafted before: its catch-up is a one-off
+    policy.head_before = frozenset({"a"})  # as after a choice that let "a" draft
     for _ in range(100):
         policy.observe(batch, result, 0.100, {"a": True, "b": True})
     assert policy.costs.step(2, 1) == pytest.approx(0.100, rel=0.02) and before < 0.05
