@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 # Paths that need the API key when one is set, and that a stopping server refuses. /health and
 # /metrics stay open for probes and scrapers (they reveal no user data).
-_PROTECTED_PREFIXES = ("/v1/", "/tokenize")
+_PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/debug/")
 
 
 def create_app(engine_client: EngineClient, settings: ServerSettings) -> FastAPI:

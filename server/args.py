@@ -66,7 +66,7 @@ FLAGS: tuple[Flag, ...] = (
         "served_model_name",
         "model name clients send (default: the engine's model name)",
     ),
-    Flag("--api-key", "server", "api_key", "require this bearer token on /v1/* and /tokenize"),
+    Flag("--api-key", "server", "api_key", "require this bearer token on /v1/*, /tokenize and /debug/*"),
     Flag(
         "--allowed-origins",
         "server",

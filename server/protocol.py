@@ -405,6 +405,26 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+class SpeculationPolicyState(BaseModel):
+    """The speculation policy's last choice and what it rests on (eagle_core/spec/policy.py)."""
+
+    drafting: int = Field(description="decoding sequences that drafted with the head in the last step")
+    lookup_alone: int = Field(description="sequences allowed a context-lookup chain alone in the last step")
+    expected_tokens_per_second: float = Field(description="emitted tokens per second expected of the last choice")
+    costs: dict[str, dict[int, float]] = Field(
+        description='the cost model: {"plain"|"spec": {batch size: seconds of a decode step}}'
+    )
+    head_acceptance: dict[str, float] = Field(
+        description='head draft tokens accepted per step, averaged over {"greedy"|"sampling"} requests'
+    )
+
+
+class SpeculationDebug(BaseModel):
+    policy: SpeculationPolicyState | None = Field(
+        description="null without a draft head, or with --spec-max-batch pinning who drafts"
+    )
+
+
 class TokenizeResponse(BaseModel):
     tokens: list[int]
     count: int

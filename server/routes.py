@@ -47,6 +47,7 @@ from server.protocol import (
     ModelCard,
     ModelList,
     ResponseMessage,
+    SpeculationDebug,
     TokenizeRequest,
     TokenizeResponse,
 )
@@ -318,6 +319,15 @@ async def retrieve_model(request: Request, model_id: str) -> ModelCard:
     card = _model_card(request)
     _check_model(request, model_id)
     return card
+
+
+@router.get("/debug/speculation", responses=_answers(SpeculationDebug, _GET_API_ERRORS))
+async def speculation(request: Request) -> SpeculationDebug:
+    """Why the server drafts what it drafts: the speculation policy's last choice and its cost
+    model (also exported as eagle_spec_policy_* metrics)."""
+    client = _client(request)
+    client.require_ready()
+    return SpeculationDebug(policy=client.engine_stats.get("spec_policy"))
 
 
 @router.post(

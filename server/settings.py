@@ -19,7 +19,7 @@ class ServerSettings:
     served_model_name: str | None = None
     """Name clients pass as `model`; None uses the engine's model name."""
     api_key: str | None = None
-    """When set, /v1/* and /tokenize require `Authorization: Bearer <key>`."""
+    """When set, /v1/*, /tokenize and /debug/* require `Authorization: Bearer <key>`."""
     allowed_origins: tuple[str, ...] = ()
     """CORS origins allowed to call the API from a browser ("*" for any); none by default."""
     max_request_bytes: int = 1_048_576

@@ -713,3 +713,26 @@ def test_text_parts_built_in_code_are_accepted():
 def test_logit_bias_reaches_the_sampling_params_with_integer_token_ids():
     request = ChatCompletionRequest.model_validate(chat(logit_bias={"7": -2.5, "5": 10}))
     assert request.sampling_params().logit_bias == ((5, 10), (7, -2.5))
+
+
+async def test_debug_speculation_shows_the_policy_state(server):
+    from eagle_core.spec.policy import Candidate, SpeculationPolicy, StepCosts
+
+    _, client, http = server
+    assert (await http.get("/debug/speculation")).json() == {"policy": None}
+    policy = SpeculationPolicy(StepCosts({1: 0.020, 4: 0.024}, {1: 0.030, 4: 0.070}))
+    policy.choose([Candidate("a", True, head=True)])
+    client.engine_stats = {"spec_policy": policy.as_dict()}
+    state = (await http.get("/debug/speculation")).json()["policy"]
+    assert state["drafting"] == 1 and state["costs"]["spec"] == {"1": 0.030, "4": 0.070}
+    assert state["expected_tokens_per_second"] == pytest.approx(2 / 0.030)
+
+
+async def test_debug_routes_need_the_api_key():
+    _, client, http = await make_server(api_key="secret")
+    await client.wait_ready()
+    assert_error(await http.get("/debug/speculation"), 401, code="invalid_api_key")
+    ok = await http.get("/debug/speculation", headers={"Authorization": "Bearer secret"})
+    assert ok.status_code == 200
+    await http.aclose()
+    client.shutdown()

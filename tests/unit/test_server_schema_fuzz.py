@@ -43,6 +43,7 @@ MAX_EXAMPLES = int(os.environ.get("EAGLE_FUZZ_EXAMPLES", "50"))
 """Cases per operation and generation mode."""
 
 OPERATIONS = {
+    "GET /debug/speculation",
     "GET /health",
     "GET /metrics",
     "GET /v1/models",
