@@ -139,6 +139,12 @@ class Drafter:
             self.states[work.request_id] = state
         return state
 
+    def track(self, works: list[SeqWork]) -> None:
+        """Make sure every work's request has a valid state (`state`) before its features are
+        recorded, in a step that feeds nobody."""
+        for work in works:
+            self.state(work)
+
     def record(self, request_id: str, features: torch.Tensor) -> None:
         """Features ([c, feature]) of the tokens the target just committed, owed to the draft.
         Held until fed: `features` should not view a tensor much larger than the rows it holds."""

@@ -5,14 +5,17 @@ Per step:
      packed draft forward);
   2. drafter.build_trees: depth - 1 batched draft forwards build each speculating sequence's tree;
      context lookup grafts onto it the tokens that followed the sequence's last few tokens
-     where these occurred before (spec/lookup.py); above --spec-max-batch, where the head
-     drafts nothing, such a chain is the whole tree;
+     where these occurred before (spec/lookup.py); where the head drafts nothing for a
+     sequence that has lookup slots, such a chain is the whole tree;
   3. ONE target forward over prefill chunks, plain decode tokens and every tree (tree mask,
      depth-based positions), with logits at every plain sequence's last token and every tree
      node;
   4. one draw per logit row (argmax, or the request's own generator), verification of every tree
      at once (spec/verify.py), then ONE transfer of the step's tokens to the host; KV compaction
      of the accepted paths, and the committed tokens' target features handed to the drafter.
+
+A step in which no sequence has draft slots (the policy let nobody draft) is PlainRunner's step
+plus the features kept for the drafter: no draft forward, no tree bookkeeping.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from eagle_core.spec.lookup import ContextLookup, graft_chain
 from eagle_core.spec.tree import DraftTree
 from eagle_core.spec.verify import accepted_path, path_result
 from eagle_core.worker.inputs import SeqGroup, block_table_tensor
-from eagle_core.worker.model_runner import TargetModel, last_token_rows, pack_works
+from eagle_core.worker.model_runner import TargetModel, last_token_rows, pack_works, sample_rows
 from eagle_core.worker.sampler import Sampler
 
 
@@ -43,6 +46,8 @@ class SpecRunner:
         if batch.is_empty:
             return StepResult()
         works = batch.seqs
+        if not any(w.num_draft_slots for w in works):
+            return self._plain(works)
         roots = self.drafter.catch_up(works)
         head_rows = [i for i, w in enumerate(works) if w.drafts_with_head and w.request_id in roots]
         trees: dict[int, DraftTree] = {}
@@ -72,6 +77,17 @@ class SpecRunner:
         drawn = self.sampler.draw(out.logits, row_works, histories, depths)  # [R]
         results = self._results(works, sampled, trees, tree_order, drawn, out.logits)
         self._commit(works, trees, results, out.features, offsets)
+        return StepResult(results)
+
+    def _plain(self, works: list[SeqWork]) -> StepResult:
+        """A step in which nobody drafts: PlainRunner's step, and the committed tokens'
+        features kept for the draft head (no draft forward)."""
+        self.drafter.track(works)
+        groups, offsets = pack_works(works, self.target.block_size)
+        rows = [i for i, w in enumerate(works) if w.sample]
+        out = self.target.forward(groups, last_token_rows(works, offsets, rows))
+        results = sample_rows(self.sampler, out.logits, [works[i] for i in rows])
+        self._commit(works, {}, results, out.features, offsets)
         return StepResult(results)
 
     def _groups(
