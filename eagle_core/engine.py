@@ -98,7 +98,9 @@ class Engine:
         """Chooses who drafts each step, unless --spec-max-batch pins it (spec/policy.py)."""
         if self.worker.num_tree_slots and spec.max_batch is None:
             costs = measure_step_costs(self.worker, self.config, self.block_manager)
-            self.policy = SpeculationPolicy(costs, lookup=spec.lookup_max_batch is None)
+            self.policy = SpeculationPolicy(
+                costs, lookup=spec.lookup_max_batch is None, max_owed=spec.feature_window + cache.block_size
+            )
         self.scheduler = Scheduler(
             self.config.scheduler,
             self.block_manager,

@@ -172,7 +172,9 @@ class Scheduler:
                 other_rows += min(remaining, budget)
             else:
                 room = _draft_room(request) >= 1
-                candidates.append(Candidate(request.request_id, request.params.greedy, head=room))
+                candidates.append(
+                    Candidate(request.request_id, request.params.greedy, head=room, context_len=request.num_computed_tokens)
+                )
         # Waiting requests this step is likely to admit (KV blocks aside) prefill in it too.
         left = budget - len(candidates) - other_rows
         seats = self.config.max_num_seqs - len(self.running)

@@ -5,8 +5,10 @@ It runs the real path: a private Scheduler over the engine's (still empty) KV po
 a few synthetic requests, and the worker executes their steps, alternating plain steps and
 steps in which every sequence drafts the configured tree, at batch sizes 1, 2, 4, ... up to
 max_num_seqs. Each batch size's first step of each kind is discarded (on a GPU it records
-that shape's CUDA graph), the median of the rest kept. The synthetic requests are finished and
-their worker state dropped before the engine takes its first request.
+that shape's CUDA graph), the median of the rest kept. At the largest size, FEED_GAP plain steps
+then one drafting step price feeding the head what sequences owe after not drafting (seconds
+per owed entry). The synthetic requests are finished and their worker state dropped before the
+engine takes its first request.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ logger = logging.getLogger(__name__)
 PROMPT_TOKENS = 16
 TIMED_STEPS = 3
 """Timed steps of each kind per batch size (after one discarded)."""
+FEED_GAP = 32
+"""Plain steps before the drafting step that prices feeding owed entries."""
 
 
 class _Pinned:
@@ -62,16 +66,18 @@ def measure_step_costs(worker, config: EngineConfig, blocks: BlockManager) -> St
     tree_slots = worker.num_tree_slots
     pinned = _Pinned()
     scheduler = Scheduler(config.scheduler, blocks, num_draft_slots=tree_slots, policy=pinned)
-    per_request = PROMPT_TOKENS + (2 * TIMED_STEPS + 3) * (tree_slots + 1) + tree_slots
+    per_request = PROMPT_TOKENS + (2 * TIMED_STEPS + 3) * (tree_slots + 1) + tree_slots + FEED_GAP + 1
     vocab = worker.vocab_size
     plain: dict[int, float] = {}
     spec: dict[int, float] = {}
+    feed = 0.0
     start = time.perf_counter()
-    for size in batch_sizes(config.scheduler.max_num_seqs):
-        if size * blocks_needed(per_request, blocks.block_size) > blocks.num_free_blocks:
-            break  # the KV pool holds no more of them
-        if size * (tree_slots + 1) > config.scheduler.max_num_batched_tokens:
-            break
+    sizes = [
+        size for size in batch_sizes(config.scheduler.max_num_seqs)
+        if size * blocks_needed(per_request, blocks.block_size) <= blocks.num_free_blocks  # the KV pool holds them
+        and size * (tree_slots + 1) <= config.scheduler.max_num_batched_tokens
+    ]
+    for size in sizes:
         ids = [f"cost-{size}-{i}" for i in range(size)]
         params = SamplingParams(temperature=0, ignore_eos=True)
         for i, request_id in enumerate(ids):
@@ -86,14 +92,21 @@ def measure_step_costs(worker, config: EngineConfig, blocks: BlockManager) -> St
                 times[draft].append(_step(worker, scheduler))
         plain[size] = statistics.median(times[False][1:])
         spec[size] = statistics.median(times[True][1:])
+        if size == sizes[-1]:
+            pinned.draft = False
+            for _ in range(FEED_GAP):
+                _step(worker, scheduler)
+            pinned.draft = True
+            feed = max(_step(worker, scheduler) - spec[size], 0.0) / (size * FEED_GAP)
         for request_id in ids:
             scheduler.finish(request_id, "abort")
         worker.execute(ScheduledBatch(seqs=[], finished_request_ids=scheduler.schedule().finished_request_ids))
     logger.info(
-        "step costs measured in %.1f s: plain %s, drafting %s (ms by batch size)",
-        time.perf_counter() - start, _ms(plain), _ms(spec),
+        "step costs measured in %.1f s: plain %s, drafting %s (ms by batch size); feeding the head "
+        "%.3f ms per owed entry",
+        time.perf_counter() - start, _ms(plain), _ms(spec), 1e3 * feed,
     )
-    return StepCosts(plain, spec)
+    return StepCosts(plain, spec, feed)
 
 
 def _step(worker, scheduler: Scheduler) -> float:

@@ -269,6 +269,11 @@ class ServerMetrics:
             "then following served steps.",
             "kind", "batch",
         )
+        self.spec_policy_feed_seconds = gauge(
+            "eagle_spec_policy_feed_seconds",
+            "The policy's cost model: seconds per draft entry a sequence owes the head before it "
+            "drafts again (after steps without drafting).",
+        )
         self.spec_policy_acceptance = gauge(
             "eagle_spec_policy_head_acceptance",
             "The policy's running average of head draft tokens accepted per step, over greedy or "
@@ -390,6 +395,7 @@ class ServerMetrics:
             for kind, table in (("plain", policy["costs"]["plain"]), ("drafting", policy["costs"]["spec"])):
                 for batch, seconds in table.items():
                     self.spec_policy_step_seconds.labels(model, kind, str(batch)).set(seconds)
+            self.spec_policy_feed_seconds.labels(model).set(policy["costs"]["feed"])
             for sampling, value in policy["head_acceptance"].items():
                 self.spec_policy_acceptance.labels(model, sampling).set(value)
         if self._info_model != model:

@@ -405,15 +405,19 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+class StepCostModel(BaseModel):
+    plain: dict[int, float] = Field(description="seconds of a decode step in which nobody drafts, by batch size")
+    spec: dict[int, float] = Field(description="seconds of a decode step in which every sequence drafts, by batch size")
+    feed: float = Field(description="seconds per draft entry a sequence owes the head before it drafts again")
+
+
 class SpeculationPolicyState(BaseModel):
     """The speculation policy's last choice and what it rests on (eagle_core/spec/policy.py)."""
 
     drafting: int = Field(description="decoding sequences that drafted with the head in the last step")
     lookup_alone: int = Field(description="sequences allowed a context-lookup chain alone in the last step")
     expected_tokens_per_second: float = Field(description="emitted tokens per second expected of the last choice")
-    costs: dict[str, dict[int, float]] = Field(
-        description='the cost model: {"plain"|"spec": {batch size: seconds of a decode step}}'
-    )
+    costs: StepCostModel = Field(description="the cost model the choice rests on")
     head_acceptance: dict[str, float] = Field(
         description='head draft tokens accepted per step, averaged over {"greedy"|"sampling"} requests'
     )

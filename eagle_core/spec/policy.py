@@ -13,8 +13,10 @@ k). k = 0 is plain decoding, chosen whenever no tree pays.
 Costs (`StepCosts`): `plain(r)`, the seconds of a step whose target forward computes r decode
 rows and nobody drafts, and `spec(k)`, the seconds of a step in which k sequences draft the
 configured tree. A mixed step costs spec(k) + plain(rows) - plain(k): the rows beyond the
-drafting sequences' own at plain prices. Both tables are measured on this machine at start-up
-(eagle_core/step_costs.py) and follow every decode-only step's wall time afterwards.
+drafting sequences' own at plain prices; plus `feed` seconds per draft entry the drafting
+sequences owe the head (a sequence that did not draft for a while first feeds it the features
+it kept, up to `max_owed` entries: spec/drafter.py). All three are measured on this machine at
+start-up (eagle_core/step_costs.py) and follow every decode-only step's wall time afterwards.
 
 Acceptance (`Acceptance`): per request, a moving average of the draft tokens a step accepted,
 one for head trees and one for lookup chains alone (with the rows such a chain verified); a
@@ -108,27 +110,36 @@ class CostTable:
 class StepCosts:
     """What a decode step costs on this machine (see the module docstring)."""
 
-    def __init__(self, plain: dict[int, float], spec: dict[int, float]):
+    def __init__(self, plain: dict[int, float], spec: dict[int, float], feed: float = 0.0):
         self.plain = CostTable(plain)
         """Decode rows of the target forward -> seconds of a step where nobody drafts."""
         self.spec = CostTable(spec)
         """Sequences drafting the configured tree -> seconds of a step of just those."""
+        self.feed = max(feed, 0.0)
+        """Seconds per owed draft entry fed before drafting."""
 
-    def step(self, rows: float, drafting: int) -> float:
+    def step(self, rows: float, drafting: int, owed: float = 0.0) -> float:
         """Seconds of a step computing `rows` rows besides the trees of `drafting` sequences
-        (each drafting sequence's root counts among the rows)."""
+        (each drafting sequence's root counts among the rows), which owe the head `owed`
+        entries beyond the one or few a sequence drafting every step owes."""
         if drafting == 0:
             return self.plain(rows)
-        return self.spec(drafting) + self.plain(rows) - self.plain(drafting)
+        return self.spec(drafting) + self.plain(rows) - self.plain(drafting) + self.feed * owed
 
-    def observe(self, rows: float, drafting: int, seconds: float) -> None:
+    def observe(self, rows: float, drafting: int, seconds: float, owed: float = 0.0) -> None:
+        """Learn from a decode-only step's wall time: the plain table from a step where nobody
+        drafted, the spec table from one whose drafting sequences owed nothing extra, else the
+        per-entry feeding cost."""
         if drafting == 0:
             self.plain.observe(rows, seconds)
-        else:
+        elif owed <= 0:
             self.spec.observe(drafting, seconds - (self.plain(rows) - self.plain(drafting)))
+        else:
+            residual = seconds - self.step(rows, drafting)
+            self.feed = max(self.feed + COST_RATE * (residual / owed - self.feed), 0.0)
 
     def as_dict(self) -> dict:
-        return {"plain": self.plain.as_dict(), "spec": self.spec.as_dict()}
+        return {"plain": self.plain.as_dict(), "spec": self.spec.as_dict(), "feed": self.feed}
 
 
 @dataclass
@@ -200,6 +211,8 @@ class Candidate:
     greedy: bool
     head: bool
     """The draft head may build its tree (room and budget allow it)."""
+    context_len: int = 0
+    """Tokens in the sequence's KV before this step (what the draft head may owe)."""
 
 
 @dataclass(frozen=True)
@@ -213,32 +226,51 @@ class Choice:
     probe: bool = False
 
 
+STEADY_OWED = 4
+"""Draft entries a sequence drafting every step owes (its root and accepted tokens): the start-up
+spec table includes them; only owed entries past these are priced at `feed`."""
+
+
 class SpeculationPolicy:
-    def __init__(self, costs: StepCosts, lookup: bool = True):
+    def __init__(self, costs: StepCosts, lookup: bool = True, max_owed: int = 1 << 30):
         """`lookup`: the policy also decides lookup-alone steps (False: the scheduler's pinned
-        --lookup-max-batch does)."""
+        --lookup-max-batch does). `max_owed`: most entries a sequence can owe the draft head
+        (the drafter keeps no more features than that)."""
         self.costs = costs
         self.acceptance = Acceptance()
         self.decides_lookup = lookup
+        self.max_owed = max_owed
+        self.fed: dict[str, int] = {}
+        """Request -> its context length when it last drafted with the head (the head has been
+        fed everything before)."""
         self.steps_without_head = 0
         self.last: Choice | None = None
-        self.head_before: frozenset[str] = frozenset()
-        """Who drafted with the head in the step before the last choice."""
 
     def choose(self, candidates: list[Candidate], other_rows: int = 0) -> Choice:
         """The step's drafting: `candidates` are the decoding sequences, `other_rows` the
         step's other target rows (prefill chunks)."""
         num = len(candidates)
         rows = num + other_rows
-        gains = sorted(
-            ((self.acceptance.head(c.request_id, c.greedy), c.request_id) for c in candidates if c.head),
+        plain_goodput = num / self.costs.step(rows, 0) if num else 0.0
+        # Best first: expected accepted tokens, less those the time of feeding the head what
+        # the sequence owes would have produced decoding plainly.
+        ranked = sorted(
+            (
+                (gain - plain_goodput * self.costs.feed * owed, gain, owed, c.request_id)
+                for c in candidates
+                if c.head
+                for gain, owed in [(self.acceptance.head(c.request_id, c.greedy), self._owed(c))]
+            ),
             reverse=True,
         )
-        best_k, best = 0, num / self.costs.step(rows, 0) if num else 0.0
+        gains = [(gain, request_id) for _, gain, _, request_id in ranked]
+        best_k, best = 0, plain_goodput
         tokens = float(num)
-        for k, (gain, _) in enumerate(gains, start=1):
+        owed = 0.0
+        for k, (_, gain, extra, _) in enumerate(ranked, start=1):
             tokens += gain
-            goodput = tokens / self.costs.step(rows, k)
+            owed += extra
+            goodput = tokens / self.costs.step(rows, k, owed)
             if goodput > best:
                 best_k, best = k, goodput
         probe = False
@@ -261,9 +293,13 @@ class SpeculationPolicy:
                 len(head), num, " (probe)" if probe else "", best,
                 1e3 * self.costs.step(rows, 0), 1e3 * self.costs.step(rows, len(head)),
             )
-        self.head_before = self.last.head if self.last else frozenset()
         self.last = choice
         return choice
+
+    def _owed(self, candidate: Candidate) -> int:
+        """Entries past STEADY_OWED the candidate would feed the head before drafting."""
+        owed = min(candidate.context_len - self.fed.get(candidate.request_id, 0), self.max_owed)
+        return max(owed - STEADY_OWED, 0)
 
     def _lookup_alone(self, candidates: list[Candidate], head: frozenset[str], rows: int, goodput: float) -> list[str]:
         """Non-drafting sequences whose expected lookup gain per second of extra rows beats the
@@ -287,13 +323,12 @@ class SpeculationPolicy:
         return min(MAX_PROBE_INTERVAL, max(4, math.ceil(extra / (PROBE_SHARE * plain))))
 
     def observe(self, batch: ScheduledBatch, result: StepResult, seconds: float, greedy: dict[str, bool]) -> None:
-        """Learn from a finished step: every decode result's acceptance, and the step's wall
-        time where it measures the cost tables: no prefill, and every drafting sequence drafted
-        in the step before too (a sequence that starts drafting first feeds the draft head what
-        it owes, a one-off cost). `greedy`: request id -> decodes greedily."""
+        """Learn from a finished step: every decode result's acceptance, and (for steps with no
+        prefill) the step's wall time, with what its drafting sequences owed the head.
+        `greedy`: request id -> decodes greedily."""
         decode_only = True
-        steady = True
         rows = drafting = 0
+        owed = 0
         for work in batch.seqs:
             if not work.is_decode:
                 decode_only = False
@@ -305,7 +340,8 @@ class SpeculationPolicy:
             if work.drafts_with_head and seq_result.num_draft_tokens:
                 drafting += 1
                 rows += 1
-                steady = steady and work.request_id in self.head_before
+                owed += self._owed(Candidate(work.request_id, is_greedy, True, work.start_pos))
+                self.fed[work.request_id] = work.start_pos
                 self.acceptance.record_head(work.request_id, is_greedy, seq_result.num_accepted_tokens)
             elif work.num_draft_slots:
                 rows += 1 + seq_result.num_draft_tokens
@@ -314,11 +350,12 @@ class SpeculationPolicy:
                 )
             else:
                 rows += 1
-        if decode_only and steady and rows:
-            self.costs.observe(rows, drafting, seconds)
+        if decode_only and rows:
+            self.costs.observe(rows, drafting, seconds, owed)
 
     def drop(self, request_id: str) -> None:
         self.acceptance.drop(request_id)
+        self.fed.pop(request_id, None)
 
     def as_dict(self) -> dict:
         """The policy's state for metrics and /debug: the last choice and the cost tables."""

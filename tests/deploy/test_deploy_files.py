@@ -69,7 +69,7 @@ COUNTERS = {
 GAUGES = {
     "eagle_num_requests_running", "eagle_num_requests_waiting", "eagle_kv_cache_usage_perc",
     "eagle_spec_policy_drafting_sequences", "eagle_spec_policy_expected_tokens_per_second",
-    "eagle_spec_policy_step_seconds", "eagle_spec_policy_head_acceptance",
+    "eagle_spec_policy_step_seconds", "eagle_spec_policy_head_acceptance", "eagle_spec_policy_feed_seconds",
 }
 INFOS = {"eagle_model_info"}
 KNOWN_SERIES = (

@@ -234,6 +234,7 @@ def test_the_speculation_policy_exports_its_choice_and_cost_model():
     assert value(m, "eagle_spec_policy_step_seconds", kind="plain", batch="4") == 0.024
     assert value(m, "eagle_spec_policy_step_seconds", kind="drafting", batch="1") == 0.030
     assert value(m, "eagle_spec_policy_head_acceptance", sampling="greedy") == 1.0
+    assert value(m, "eagle_spec_policy_feed_seconds") == 0.0
 
 
 def test_a_plain_engine_exports_no_positions_and_an_info_without_draft():

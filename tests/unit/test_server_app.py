@@ -724,7 +724,7 @@ async def test_debug_speculation_shows_the_policy_state(server):
     policy.choose([Candidate("a", True, head=True)])
     client.engine_stats = {"spec_policy": policy.as_dict()}
     state = (await http.get("/debug/speculation")).json()["policy"]
-    assert state["drafting"] == 1 and state["costs"]["spec"] == {"1": 0.030, "4": 0.070}
+    assert state["drafting"] == 1 and state["costs"]["spec"] == {"1": 0.030, "4": 0.070} and state["costs"]["feed"] == 0
     assert state["expected_tokens_per_second"] == pytest.approx(2 / 0.030)
 
 

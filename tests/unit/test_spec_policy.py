@@ -154,9 +154,9 @@ def test_observed_steps_move_the_tables_and_the_acceptance():
     result = StepResult({"a": SeqResult("a", [1, 2, 3], 7, 2), "b": SeqResult("b", [4])})
     before = policy.costs.step(2, 1)
     policy.observe(batch, result, 0.500, {"a": True, "b": True})
-    assert policy.costs.step(2, 1) == before  # "a" had not drafted before: its catch-up is a one-off
-    policy.head_before = frozenset({"a"})  # as after a choice that let "a" draft
-    for _ in range(100):
+    # "a" had never drafted: it owed the head its 10 tokens, so the step prices feeding, not trees
+    assert policy.costs.step(2, 1) == before and policy.costs.feed > 0
+    for _ in range(100):  # the same position again: "a" now owes nothing extra
         policy.observe(batch, result, 0.100, {"a": True, "b": True})
     assert policy.costs.step(2, 1) == pytest.approx(0.100, rel=0.02) and before < 0.05
     assert policy.acceptance.head("a", True) == pytest.approx(2.0)
@@ -164,3 +164,14 @@ def test_observed_steps_move_the_tables_and_the_acceptance():
     for _ in range(100):
         policy.observe(plain, StepResult({"a": SeqResult("a", [1]), "b": SeqResult("b", [4])}), 0.010, {})
     assert policy.costs.step(2, 0) == pytest.approx(0.010, rel=0.02)
+
+
+def test_owing_the_head_a_long_context_costs_what_feeding_it_costs():
+    policy = SpeculationPolicy(StepCosts({1: 0.020, 8: 0.024}, {1: 0.030, 8: 0.070}, feed=0.001), max_owed=272)
+    record(policy, ["new", "warm"], 1.5)
+    policy.fed["warm"] = 298  # drafted at the previous step
+    assert policy.choose([Candidate("new", True, head=True, context_len=300)]).head == frozenset()
+    assert policy.choose([Candidate("warm", True, head=True, context_len=300)]).head == {"warm"}
+    # both decoding: the one that owes little drafts, the other does not
+    both = [Candidate("new", True, head=True, context_len=300), Candidate("warm", True, head=True, context_len=300)]
+    assert policy.choose(both).head == {"warm"}
