@@ -10,13 +10,15 @@ decoding, and one EAGLE engine per variant: "policy" (the default: the speculati
 chooses who drafts), "pinned-N" (--spec-max-batch N --lookup-max-batch N), "always"
 (--spec-max-batch 0). Each round runs the same questions (--per-round, default 2 x C, at least
 6) through every engine, the order rotating. Comparing this with the HTTP sweep separates the
-engine's behaviour from the server's. Writes bench/results/closed-loop-<date>-<machine>.json.
+engine's behaviour from the server's. Writes bench/results/closed-loop-<date>-<machine>.json and its plot (.png).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 from bench.environment import write_result
 from bench.workloads import mt_bench_questions
@@ -71,7 +73,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--machine", default=None, help="machine label for the result file")
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--plot", metavar="RESULT", help="only plot an earlier result file (RESULT.png)")
     args = parser.parse_args()
+    if args.plot:
+        print(f"wrote {plot(Path(args.plot))}")
+        return
 
     engines = {"plain": LLM(args.model, dtype=args.dtype, draft=None)}
     for name in args.variants:
@@ -115,7 +121,16 @@ def main() -> None:
                 "dtype_resolved": dtype_name(any_engine.worker.dtype)}
     out = write_result(args.out, "closed-loop", {"settings": settings, "rows": rows, "policy_end": policy},
                        f"-{args.machine}" if args.machine else "")
-    print(f"wrote {out}")
+    print(f"wrote {out} and {plot(out)}")
+
+
+def plot(result: Path) -> Path:
+    """Plot a result file beside it (.png)."""
+    from bench import plots
+
+    path = result.with_suffix(".png")
+    plots.closed_loop(json.loads(result.read_text()), path)
+    return path
 
 
 if __name__ == "__main__":

@@ -124,3 +124,36 @@ def acceptance(results: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def closed_loop(results: dict, path: Path) -> None:
+    """A bench.closed_loop result: tokens/s by clients per temperature (left), each EAGLE
+    variant over plain decoding (right)."""
+    rows = results["rows"]
+    variants = results["settings"]["variants"]
+    temperatures = sorted({r["temperature"] for r in rows})
+    colors = dict(zip(variants, ("tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for t, style in zip(temperatures, ("-", "--", ":")):
+        own = [r for r in rows if r["temperature"] == t]
+        xs = [r["concurrency"] for r in own]
+        ax1.plot(xs, [r["plain_tok_s"] for r in own], "o" + style, color=COLORS[BASE], label=f"plain, T={t:g}")
+        for name in variants:
+            ax1.plot(xs, [r[f"{name}_tok_s"] for r in own], "o" + style, color=colors[name], label=f"{name}, T={t:g}")
+            ax2.plot(xs, [r[f"{name}_vs_plain"] for r in own], "o" + style, color=colors[name], label=f"{name}, T={t:g}")
+    ax1.set(xscale="log", xlabel="closed-loop clients", ylabel="total output tokens/s", title="Throughput")
+    ax2.axhline(1.0, color="grey", lw=1, ls="--")
+    ax2.axhline(0.98, color="grey", lw=1, ls=":")
+    ax2.set(xscale="log", xlabel="closed-loop clients", ylabel="EAGLE / plain", title="Against plain decoding")
+    xs = sorted({r["concurrency"] for r in rows})
+    for ax in (ax1, ax2):
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.minorticks_off()
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    m = results["machine"]
+    fig.suptitle(f"{results['settings']['model']} ({results['settings'].get('dtype_resolved', '')}), "
+                 f"{m['cpu']}, {m['cpu_count']} cores", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
