@@ -158,8 +158,7 @@ class Engine:
         started = time.perf_counter()
         result = self.worker.execute(batch)
         if self.policy is not None:
-            greedy = {w.request_id: w.params.greedy for w in batch.seqs}
-            self.policy.observe(batch, result, time.perf_counter() - started, greedy)
+            self.policy.observe(batch, result, time.perf_counter() - started)
         self.num_steps += 1
         decode_ids = {w.request_id for w in batch.seqs if w.is_decode}
         if self.spec_enabled:

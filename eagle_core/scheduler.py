@@ -14,9 +14,9 @@ tokens per step (`max_num_batched_tokens`, draft-tree tokens included) and KV bl
    sequence slots, tokens and blocks remain. Long prompts are split into chunks.
 3. Tokens still left go to context lookup: each decoding sequence, oldest first, gets up to
    `num_lookup_slots` more draft slots (without a head tree only where the policy allows a
-   chain alone, or, pinned, up to `max_lookup_batch` running sequences). Lookup finds a chain for only about a third of steps, so its slots come
-   last and never crowd out a prefill; they use free KV blocks or room in the sequence's own
-   blocks, never preempting for them.
+   chain alone, or, pinned, up to `max_lookup_batch` running sequences). Lookup finds a chain
+   for only about a third of steps, so its slots come last and never crowd out a prefill; they
+   use free KV blocks or room in the sequence's own blocks, never preempting for them.
 
 Every decoding sequence of a step is part of the same worker call, i.e. one target forward.
 """
@@ -167,9 +167,8 @@ class Scheduler:
             return None
         candidates, other_rows = [], 0
         for request in self.running:
-            remaining = request.num_tokens - request.num_computed_tokens
-            if remaining > 1 or not request.output_token_ids:
-                other_rows += min(remaining, budget)
+            if _prefilling(request):
+                other_rows += min(request.num_tokens - request.num_computed_tokens, budget)
             else:
                 room = _draft_room(request) >= 1
                 candidates.append(
@@ -217,11 +216,8 @@ class Scheduler:
     def _plan(self, request: Request, budget: int, speculate: bool) -> tuple[int, int, str | None]:
         """(tokens to compute, draft slots, why a decode step gets no draft slots) for this
         request within `budget` tokens."""
-        remaining = request.num_tokens - request.num_computed_tokens
-        if remaining > 1 or not request.output_token_ids:
-            # Prefilling: a new prompt (its last token too, see SeqWork.is_decode) or a
-            # recompute after preemption.
-            return min(remaining, budget), 0, None
+        if _prefilling(request):
+            return min(request.num_tokens - request.num_computed_tokens, budget), 0, None
         if budget < 1:
             return 0, 0, None
         if not self.num_draft_slots:
@@ -312,6 +308,12 @@ class Scheduler:
             if request.num_output_tokens >= request.max_output_tokens:
                 return appended, "length"
         return appended, None
+
+
+def _prefilling(request: Request) -> bool:
+    """The request's next step computes prompt tokens: a new prompt (its last token too, see
+    SeqWork.is_decode) or a recompute after preemption."""
+    return request.num_tokens - request.num_computed_tokens > 1 or not request.output_token_ids
 
 
 def _draft_room(request: Request) -> int:

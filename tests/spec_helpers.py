@@ -119,3 +119,10 @@ def chi_square_pvalue(counts, exact, num_samples) -> float:
     expected = np.array([exact[k] for k in keys], dtype=float)
     expected *= num_samples / expected.sum()  # float32 softmax sums to 1 only within ~1e-7
     return float(stats.chisquare(observed, expected).pvalue)
+
+
+PENALISED = SamplingParams(
+    temperature=0.8, top_k=20, seed=7, max_tokens=30, ignore_eos=True,
+    presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2,
+)
+"""Seeded sampling with every penalty: what exactness tests of sampled speculation run."""

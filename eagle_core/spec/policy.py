@@ -259,7 +259,7 @@ class SpeculationPolicy:
                 (gain - plain_goodput * self.costs.feed * owed, gain, owed, c.request_id)
                 for c in candidates
                 if c.head
-                for gain, owed in [(self.acceptance.head(c.request_id, c.greedy), self._owed(c))]
+                for gain, owed in [(self.acceptance.head(c.request_id, c.greedy), self._owed(c.request_id, c.context_len))]
             ),
             reverse=True,
         )
@@ -296,9 +296,9 @@ class SpeculationPolicy:
         self.last = choice
         return choice
 
-    def _owed(self, candidate: Candidate) -> int:
-        """Entries past STEADY_OWED the candidate would feed the head before drafting."""
-        owed = min(candidate.context_len - self.fed.get(candidate.request_id, 0), self.max_owed)
+    def _owed(self, request_id: str, context_len: int) -> int:
+        """Entries past STEADY_OWED the request would feed the head before drafting."""
+        owed = min(context_len - self.fed.get(request_id, 0), self.max_owed)
         return max(owed - STEADY_OWED, 0)
 
     def _lookup_alone(self, candidates: list[Candidate], head: frozenset[str], rows: int, goodput: float) -> list[str]:
@@ -322,10 +322,9 @@ class SpeculationPolicy:
         extra = max(self.costs.step(rows, 1) - plain, 0.0)
         return min(MAX_PROBE_INTERVAL, max(4, math.ceil(extra / (PROBE_SHARE * plain))))
 
-    def observe(self, batch: ScheduledBatch, result: StepResult, seconds: float, greedy: dict[str, bool]) -> None:
+    def observe(self, batch: ScheduledBatch, result: StepResult, seconds: float) -> None:
         """Learn from a finished step: every decode result's acceptance, and (for steps with no
-        prefill) the step's wall time, with what its drafting sequences owed the head.
-        `greedy`: request id -> decodes greedily."""
+        prefill) the step's wall time, with what its drafting sequences owed the head."""
         decode_only = True
         rows = drafting = 0
         owed = 0
@@ -336,11 +335,11 @@ class SpeculationPolicy:
             seq_result = result.results.get(work.request_id)
             if seq_result is None:
                 continue
-            is_greedy = greedy.get(work.request_id, True)
+            is_greedy = work.params.greedy
             if work.drafts_with_head and seq_result.num_draft_tokens:
                 drafting += 1
                 rows += 1
-                owed += self._owed(Candidate(work.request_id, is_greedy, True, work.start_pos))
+                owed += self._owed(work.request_id, work.start_pos)
                 self.fed[work.request_id] = work.start_pos
                 self.acceptance.record_head(work.request_id, is_greedy, seq_result.num_accepted_tokens)
             elif work.num_draft_slots:

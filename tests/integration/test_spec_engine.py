@@ -15,6 +15,7 @@ from eagle_core.spec.lookup import ContextLookup
 from tests.engine_helpers import hf_greedy, make_engine, random_prompts, run_staggered
 from tests.models import TINY_VOCAB_SIZE
 from tests.spec_helpers import (
+    PENALISED,
     chi_square_pvalue,
     exact_first_three,
     first_three_counts,
@@ -116,10 +117,7 @@ def test_seeded_sampling_with_penalties_is_identical_with_and_without_speculatio
     seed, same text."""
     target, oracle = bigram
     prompts = random_prompts(13, [5, 11, 17, 23], TINY_VOCAB_SIZE)
-    params = SamplingParams(
-        temperature=0.8, top_k=20, seed=7, max_tokens=30, ignore_eos=True,
-        presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2,
-    )
+    params = PENALISED
     plain = run_staggered(make_engine(target), prompts, params)
     spec = run_staggered(make_engine(target, draft=str(oracle)), prompts, params)
     assert spec == plain

@@ -14,6 +14,7 @@ from eagle_core.step_costs import batch_sizes
 from tests.engine_helpers import make_engine, random_prompts, run_staggered
 from tests.models import TINY_VOCAB_SIZE
 from tests.spec_helpers import (
+    PENALISED,
     bigram_target_dir,
     chi_square_pvalue,
     exact_first_three,
@@ -70,10 +71,7 @@ def test_greedy_is_exact_while_the_choice_changes_every_step(tiny_model_dirs, tm
 def test_seeded_sampling_with_penalties_is_exact_while_the_choice_changes(bigram):
     target, oracle = bigram
     prompts = random_prompts(23, [5, 11, 17, 23], TINY_VOCAB_SIZE)
-    params = SamplingParams(
-        temperature=0.8, top_k=20, seed=7, max_tokens=30, ignore_eos=True,
-        presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2,
-    )
+    params = PENALISED
     plain = run_staggered(make_engine(target), prompts, params)
     engine = shuffled(make_engine(target, draft=str(oracle), spec=SPEC, spec_max_batch=None), 2)
     assert run_staggered(engine, prompts, params) == plain

@@ -153,16 +153,16 @@ def test_observed_steps_move_the_tables_and_the_acceptance():
     batch = ScheduledBatch([work("a", 7), work("b", 0, skip="policy")])
     result = StepResult({"a": SeqResult("a", [1, 2, 3], 7, 2), "b": SeqResult("b", [4])})
     before = policy.costs.step(2, 1)
-    policy.observe(batch, result, 0.500, {"a": True, "b": True})
+    policy.observe(batch, result, 0.500)
     # "a" had never drafted: it owed the head its 10 tokens, so the step prices feeding, not trees
     assert policy.costs.step(2, 1) == before and policy.costs.feed > 0
     for _ in range(100):  # the same position again: "a" now owes nothing extra
-        policy.observe(batch, result, 0.100, {"a": True, "b": True})
+        policy.observe(batch, result, 0.100)
     assert policy.costs.step(2, 1) == pytest.approx(0.100, rel=0.02) and before < 0.05
     assert policy.acceptance.head("a", True) == pytest.approx(2.0)
     plain = ScheduledBatch([work("a", 0, skip="policy"), work("b", 0, skip="policy")])
     for _ in range(100):
-        policy.observe(plain, StepResult({"a": SeqResult("a", [1]), "b": SeqResult("b", [4])}), 0.010, {})
+        policy.observe(plain, StepResult({"a": SeqResult("a", [1]), "b": SeqResult("b", [4])}), 0.010)
     assert policy.costs.step(2, 0) == pytest.approx(0.010, rel=0.02)
 
 
