@@ -40,6 +40,9 @@ constexpr int64_t kScoreRows = 8;       // query rows scored together: independe
 constexpr int64_t kOutRows = 4;         // query rows whose outputs accumulate together ...
 constexpr int64_t kOutVecs = 4;         // ... kOutVecs vectors wide
 
+// Keys rounded up to whole score vectors: the row length of scores and masks.
+inline int64_t padded_keys(int64_t keys) { return (keys + kKeys - 1) / kKeys * kKeys; }
+
 // A cache row as floats.
 inline void to_float(const float* src, float* dst, int64_t dim) { std::copy(src, src + dim, dst); }
 inline void to_float(const c10::BFloat16* src, float* dst, int64_t dim) {
@@ -66,7 +69,7 @@ inline float exp_shifted(float* s, int64_t keys, float top) {
 
 // Per-thread scratch of one (tile, KV head) task.
 struct Scratch {
-  std::vector<float> scores;      // [rows, keys]: scores, then unnormalised probabilities
+  std::vector<float> scores;      // [rows, padded keys]: scores, then unnormalised probabilities
   std::vector<float> totals;      // [rows]
   std::vector<float> key_rows;    // [kKeys, dim]: a block of keys, as floats
   std::vector<float> keys_t;      // [dim, kKeys]: the same, transposed
@@ -74,15 +77,20 @@ struct Scratch {
   std::vector<const float*> value_rows;  // [keys]
 };
 
+// `bias_rows[r]`: row r's additive mask over the padded keys (0 where visible, -inf elsewhere,
+// and -inf past `keys`), so that scores are stored a vector at a time.
 template <typename T>
 void attend_task(const float* const* q_rows, int64_t rows, const T* keys_base, const T* values_base,
-                 const int64_t* slots, const bool* const* vis_rows, int64_t keys, int64_t row_stride, int64_t dim,
+                 const int64_t* slots, const float* const* bias_rows, int64_t keys, int64_t row_stride, int64_t dim,
                  float scale, float* const* out_rows, Scratch& w) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  w.scores.resize(rows * keys);
+  const int64_t padded = padded_keys(keys);
+  w.scores.resize(rows * padded);
   w.totals.resize(rows);
   w.key_rows.resize(kKeys * dim);
-  w.keys_t.resize(dim * kKeys);
+  // A short last block leaves earlier columns in place: finite values (zeros, or keys of the
+  // block before), whose scores the -inf past `keys` in every bias row covers.
+  w.keys_t.assign(dim * kKeys, 0.f);
   w.value_rows.resize(keys);
 
   // 1. Scores, kKeys keys at a time: the block is transposed to [dim, kKeys], so a vector of one
@@ -100,21 +108,17 @@ void attend_task(const float* const* q_rows, int64_t rows, const T* keys_base, c
         const Vec k = Vec::loadu(w.keys_t.data() + d * kKeys);
         for (int64_t i = 0; i < kScoreRows; ++i) acc[i] = at::vec::fmadd(Vec(q[i][d]), k, acc[i]);
       }
-      for (int64_t i = 0; i < std::min(kScoreRows, rows - r0); ++i) {
-        float block_scores[kKeys];
-        (acc[i] * Vec(scale)).store(block_scores);
-        float* s = w.scores.data() + (r0 + i) * keys + l0;
-        const bool* v = vis_rows[r0 + i] + l0;
-        for (int64_t j = 0; j < block; ++j) s[j] = v[j] ? block_scores[j] : neg_inf;
-      }
+      for (int64_t i = 0; i < std::min(kScoreRows, rows - r0); ++i)
+        at::vec::fmadd(acc[i], Vec(scale), Vec::loadu(bias_rows[r0 + i] + l0)).store(w.scores.data() + (r0 + i) * padded + l0);
     }
   }
 
   // 2. Softmax numerators and totals, per row.
   for (int64_t r = 0; r < rows; ++r) {
-    float* s = w.scores.data() + r * keys;
-    float top = neg_inf;
-    for (int64_t l = 0; l < keys; ++l) top = std::max(top, s[l]);
+    float* s = w.scores.data() + r * padded;
+    Vec tops(neg_inf);
+    for (int64_t l = 0; l < padded; l += kKeys) tops = at::vec::maximum(tops, Vec::loadu(s + l));
+    const float top = tops.reduce_max();
     if (top == neg_inf) {
       std::fill(s, s + keys, 0.f);
       w.totals[r] = 0.f;
@@ -138,7 +142,7 @@ void attend_task(const float* const* q_rows, int64_t rows, const T* keys_base, c
   for (int64_t r0 = 0; r0 < rows; r0 += kOutRows) {
     const int64_t nr = std::min(kOutRows, rows - r0);
     const float* p[kOutRows];
-    for (int64_t i = 0; i < kOutRows; ++i) p[i] = w.scores.data() + std::min(r0 + i, rows - 1) * keys;
+    for (int64_t i = 0; i < kOutRows; ++i) p[i] = w.scores.data() + std::min(r0 + i, rows - 1) * padded;
     int64_t c0 = 0;
     for (; c0 + span <= dim; c0 += span) {
       Vec acc[kOutRows][kOutVecs];
@@ -174,7 +178,7 @@ template <typename T>
 void attend(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
             const at::Tensor& key_slots, const at::Tensor& visible, double scale, at::Tensor& out) {
   const int64_t tiles = query.size(0), width = query.size(1), heads = query.size(2), dim = query.size(3);
-  const int64_t kv_heads = key_cache.size(1), keys = key_slots.size(1);
+  const int64_t kv_heads = key_cache.size(1), keys = key_slots.size(1), padded = padded_keys(keys);
   const int64_t group = heads / kv_heads, rows = width * group;
   const float* q_ptr = query.data_ptr<float>();
   const T* k_ptr = key_cache.data_ptr<T>();
@@ -183,22 +187,37 @@ void attend(const at::Tensor& query, const at::Tensor& key_cache, const at::Tens
   const bool* vis_ptr = visible.data_ptr<bool>();
   float* o_ptr = out.data_ptr<float>();
 
-  // One task per (tile, KV head): its rows (query slot q, head h of the group: row
-  // q * group + h % group) share the keys, so each key and value row is read once per task.
-  at::parallel_for(0, tiles * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  // The visibility as additive masks, [N, Q, padded keys]: 0 or -inf.
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  std::vector<float> bias(tiles * width * padded, neg_inf);
+  at::parallel_for(0, tiles * width, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t l = 0; l < keys; ++l) bias[t * padded + l] = vis_ptr[t * keys + l] ? 0.f : neg_inf;
+  });
+
+  // One task per (tile, KV head, block of rows): the rows (query slot q, head h of the group:
+  // row q * group + h % group) share the keys, so each key and value row is read once per task.
+  // Rows are split into blocks only where there are too few (tile, KV head) pairs to keep every
+  // thread busy (a batch of one tree); each block re-reads the keys.
+  const int64_t pairs = tiles * kv_heads, threads = at::get_num_threads();
+  const int64_t blocks = pairs >= 2 * threads ? 1 : std::min((2 * threads + pairs - 1) / pairs, (rows + kScoreRows - 1) / kScoreRows);
+  const int64_t block_rows = ((rows + blocks - 1) / blocks + kScoreRows - 1) / kScoreRows * kScoreRows;
+  const int64_t row_blocks = (rows + block_rows - 1) / block_rows;
+  at::parallel_for(0, pairs * row_blocks, 1, [&](int64_t begin, int64_t end) {
     Scratch scratch;
-    std::vector<const float*> q_rows(rows);
-    std::vector<float*> out_rows(rows);
-    std::vector<const bool*> vis_rows(rows);
+    std::vector<const float*> q_rows(block_rows);
+    std::vector<float*> out_rows(block_rows);
+    std::vector<const float*> bias_rows(block_rows);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t n = task / kv_heads, g = task % kv_heads;
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t qs = r / group, h = g * group + r % group;
-        q_rows[r] = q_ptr + ((n * width + qs) * heads + h) * dim;
-        out_rows[r] = o_ptr + ((n * width + qs) * heads + h) * dim;
-        vis_rows[r] = vis_ptr + (n * width + qs) * keys;
+      const int64_t pair = task / row_blocks, first = task % row_blocks * block_rows;
+      const int64_t n = pair / kv_heads, g = pair % kv_heads, count = std::min(block_rows, rows - first);
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t r = first + i, qs = r / group, h = g * group + r % group;
+        q_rows[i] = q_ptr + ((n * width + qs) * heads + h) * dim;
+        out_rows[i] = o_ptr + ((n * width + qs) * heads + h) * dim;
+        bias_rows[i] = bias.data() + (n * width + qs) * padded;
       }
-      attend_task<T>(q_rows.data(), rows, k_ptr + g * dim, v_ptr + g * dim, slot_ptr + n * keys, vis_rows.data(),
+      attend_task<T>(q_rows.data(), count, k_ptr + g * dim, v_ptr + g * dim, slot_ptr + n * keys, bias_rows.data(),
                      keys, kv_heads * dim, dim, static_cast<float>(scale), out_rows.data(), scratch);
     }
   });
