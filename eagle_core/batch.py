@@ -55,6 +55,13 @@ class SeqWork:
     stop_token_ids: frozenset[int] = frozenset()
     """Tokens that end this request (EOS unless ignore_eos, and params.stop_token_ids): sampling
     holds them back until params.min_tokens tokens are out."""
+    cache_keys: list[bytes] = field(default_factory=list)
+    """The request's live list of prefix-cache keys (kv.block_hashes) of its leading full
+    blocks, as far as they were hashed (at least its computed blocks while caching is on;
+    empty without caching). Read-only for the worker."""
+    num_preemptions: int = 0
+    """Times the sequence was preempted: its KV was freed and is being recomputed (or taken from
+    the prefix cache) since the last change; state the worker derived from it starts over."""
     draft_skip_reason: str | None = None
     """Why a decode step of a speculating engine gets no tree from the draft head ("length_cap",
     "token_budget", "batch_size", "kv_cache"); None otherwise. A "batch_size" step may still

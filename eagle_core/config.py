@@ -101,6 +101,9 @@ class CacheConfig:
     """KV budget in tokens across all sequences; None derives it from kv_cache_memory_gb."""
     kv_cache_memory_gb: float = 1.0
     """KV budget in GiB when kv_cache_tokens is not given."""
+    prefix_caching: bool = True
+    """Share the KV blocks of equal token prefixes between requests, keeping freed ones for
+    later hits until their memory is needed (eagle_core/kv.py)."""
 
     def __post_init__(self) -> None:
         check_least(self, (("block_size", 1), ("kv_cache_tokens", 1)))

@@ -92,7 +92,7 @@ class Engine:
         self.model_name = self.worker.model_name
         self.max_model_len = self.config.model.max_model_len
         cache = self.config.cache
-        self.block_manager = BlockManager(cache.kv_cache_tokens // cache.block_size, cache.block_size)
+        self.block_manager = BlockManager(cache.kv_cache_tokens // cache.block_size, cache.block_size, cache.prefix_caching)
         spec = self.config.spec
         self.policy: SpeculationPolicy | None = None
         """Chooses who drafts each step, unless --spec-max-batch pins it (spec/policy.py)."""
@@ -204,6 +204,8 @@ class Engine:
             "num_running": self.num_running,
             "num_waiting": self.num_waiting,
             "kv_cache_usage": self.kv_cache_usage,
+            "prefix_cache_queried_tokens": self.scheduler.num_queried_tokens,
+            "prefix_cache_hit_tokens": self.scheduler.num_cached_tokens,
             **self.spec_counters.as_dict(),
             "spec_policy": self.policy.as_dict() if self.policy is not None else None,
         }
@@ -270,6 +272,7 @@ class Engine:
             finish_reason=request.finish_reason if finished else None,
             num_prompt_tokens=request.num_prompt_tokens,
             num_output_tokens=request.num_output_tokens,
+            num_cached_tokens=request.num_cached_tokens,
             new_logprobs=logprobs,
             spec=dataclasses.replace(tracked.spec),
             num_draft_tokens_step=seq_result.num_draft_tokens if seq_result else 0,

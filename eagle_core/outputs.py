@@ -38,6 +38,8 @@ class RequestOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     """Completion tokens so far (after any stop cut)."""
+    num_cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache."""
     new_logprobs: list[TokenLogprob] | None = None
     spec: SpecStats = field(default_factory=SpecStats)
     num_draft_tokens_step: int = 0

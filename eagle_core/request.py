@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from eagle_core.batch import token_range
+from eagle_core.kv import block_hashes
 from eagle_core.sampling_params import SamplingParams
 
 
@@ -29,6 +30,12 @@ class Request:
     num_computed_tokens: int = 0
     """Tokens of prompt+output whose KV is stored in block_table."""
     block_table: list[int] = field(default_factory=list)
+    num_keyed_blocks: int = 0
+    """Leading blocks of block_table already offered to the prefix cache (BlockManager.register)."""
+    num_cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache when the request was first admitted."""
+    cache_keys: list[bytes] = field(default_factory=list, init=False, repr=False)
+    """Prefix-cache keys of the leading full blocks hashed so far (see block_keys)."""
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0
@@ -50,6 +57,15 @@ class Request:
     def token_slice(self, start: int, stop: int) -> list[int]:
         """Tokens [start, stop) of prompt + output."""
         return token_range(self.prompt_token_ids, self.output_token_ids, start, stop)
+
+    def block_keys(self, num_blocks: int, block_size: int) -> list[bytes]:
+        """The prefix-cache keys of the first `num_blocks` full blocks of prompt + output (each
+        hashed once; the list grows, never changes)."""
+        known = self.cache_keys
+        if len(known) < num_blocks:
+            tokens = self.token_slice(len(known) * block_size, num_blocks * block_size)
+            known += block_hashes(tokens, block_size, known[-1] if known else b"")
+        return known
 
     @cached_property
     def stop_token_ids(self) -> frozenset[int]:

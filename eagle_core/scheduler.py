@@ -27,7 +27,7 @@ from collections import deque
 
 from eagle_core.batch import ScheduledBatch, SeqWork, StepResult
 from eagle_core.config import SchedulerConfig
-from eagle_core.kv import BlockManager
+from eagle_core.kv import BlockManager, blocks_needed
 from eagle_core.request import Request, RequestStatus
 from eagle_core.spec.policy import Candidate, Choice, SpeculationPolicy
 
@@ -63,6 +63,10 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self._finished_ids: list[str] = []
         self.num_preemptions = 0
+        self.num_queried_tokens = 0
+        """Prompt tokens of admitted requests (first admissions), looked up in the prefix cache."""
+        self.num_cached_tokens = 0
+        """Of those, tokens whose KV came from the cache."""
 
     # ---- queue management -------------------------------------------------------------
 
@@ -140,14 +144,30 @@ class Scheduler:
             and len(self.running) < self.config.max_num_seqs
         ):
             request = self.waiting[0]
-            num_new, _, _ = self._plan(request, budget, speculate=False)
-            if not self.blocks.can_grow(request.block_table, request.num_computed_tokens + num_new):
+            hits = self._cache_hits(request)
+            cached = len(hits) * self.blocks.block_size
+            num_new = min(request.num_tokens - cached, budget)
+            needed = blocks_needed(cached + num_new, self.blocks.block_size) - len(hits)
+            if needed > self.blocks.num_free_after(hits):
                 break  # FCFS: never let a later request overtake the head of the queue
             self.waiting.popleft()
-            self.blocks.grow(request.block_table, request.num_computed_tokens + num_new)
+            self.blocks.share(request.block_table, hits)
+            request.num_computed_tokens = cached
+            request.num_keyed_blocks = len(hits)
+            if not request.num_preemptions:
+                request.num_cached_tokens = cached
+                self.num_cached_tokens += cached
+                self.num_queried_tokens += request.num_prompt_tokens
+            if self.policy is not None:
+                self.policy.admit(request.request_id, cached)
+            self.blocks.grow(request.block_table, cached + num_new)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            # A readmission whose cached blocks leave only its last token is a decode step; the
+            # policy did not weigh it, so it gets no head tree (lookup as for plain decoding).
             work.append(self._work(request, num_new))
+            if work[-1].is_decode:
+                work[-1].draft_skip_reason = "policy" if self.policy else "batch_size"
             budget -= num_new
 
         if self.num_lookup_slots and budget > 0:
@@ -185,6 +205,21 @@ class Scheduler:
             left -= chunk
             seats -= 1
         return self.policy.choose(candidates, other_rows)
+
+    def _cache_hits(self, request: Request) -> list[int]:
+        """The cached blocks `request` (holding no blocks) can start from: the longest run of its
+        leading full blocks found in the prefix cache, short of its last token, which is always
+        computed (its logits give the next token), and short of the last block found when the
+        engine drafts."""
+        usable = (request.num_tokens - 1) // self.blocks.block_size
+        if not self.blocks.caching or usable == 0:
+            return []
+        hits = self.blocks.match(request.block_keys(usable, self.blocks.block_size))
+        # With a draft head the last hit block is computed again: the head's entries of a block
+        # end with the next block's first token, so a new draft context can take over cached
+        # entries only up to a block whose next token is known to be this request's own, and
+        # it needs the target's features of the positions it resumes at (Drafter.state).
+        return hits[:-1] if self.num_draft_slots else hits
 
     def _add_lookup_slots(self, work: list[SeqWork], budget: int, lookup_alone: frozenset[str]) -> None:
         """Give decode steps context-lookup slots from the `budget` tokens nothing else took;
@@ -269,6 +304,8 @@ class Scheduler:
             output_token_ids=request.output_token_ids,
             max_new_tokens=request.max_output_tokens - request.num_output_tokens,
             stop_token_ids=request.stop_token_ids,
+            cache_keys=request.cache_keys,
+            num_preemptions=request.num_preemptions,
             draft_skip_reason=skip_reason,
         )
 
@@ -285,14 +322,25 @@ class Scheduler:
             request.num_computed_tokens += len(work.token_ids)
             seq_result = result.results.get(work.request_id)
             if seq_result is None:
+                self._register_computed(request)
                 continue
             # Accepted drafts' KV was kept (compacted after token_ids); the bonus token's was not.
             request.num_computed_tokens += seq_result.num_accepted_tokens
             appended, reason = self._append(request, seq_result.new_token_ids)
+            self._register_computed(request)
             if reason is not None:
                 self.finish(request.request_id, reason)
             news.append((request, appended))
         return news
+
+    def _register_computed(self, request: Request) -> None:
+        """Offer the request's newly full and computed blocks to the prefix cache (a stop token
+        cut from the output may have KV computed; it is no block's content)."""
+        full = min(request.num_computed_tokens, request.num_tokens) // self.blocks.block_size
+        if self.blocks.caching and full > request.num_keyed_blocks:
+            keys = request.block_keys(full, self.blocks.block_size)
+            self.blocks.register(request.block_table, keys, request.num_keyed_blocks, full)
+            request.num_keyed_blocks = full
 
     def _append(self, request: Request, token_ids: list[int]) -> tuple[list[int], str | None]:
         """Append tokens one by one, stopping at EOS, a stop id or the length cap.

@@ -46,6 +46,9 @@ class _Pinned:
         head = frozenset(c.request_id for c in candidates if c.head) if self.draft else frozenset()
         return Choice(head, frozenset(), 0.0)
 
+    def admit(self, request_id: str, start: int) -> None:
+        pass
+
     def drop(self, request_id: str) -> None:
         pass
 

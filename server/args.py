@@ -147,6 +147,9 @@ FLAGS: tuple[Flag, ...] = (
         "becomes control tokens, as the tokenizer does by default",
     ),
     Flag("--block-size", "cache", "block_size", "tokens per KV block"),
+    Flag("--prefix-caching", "cache", "prefix_caching",
+         "reuse the KV of full blocks whose whole token prefix an earlier request computed (multi-turn "
+         "chat, shared system prompts); false: compute every prompt in full (also --no-prefix-caching)"),
     Flag(
         "--kv-cache-tokens", "cache", "kv_cache_tokens", "KV budget in tokens across all sequences"
     ),
@@ -190,8 +193,31 @@ FLAGS: tuple[Flag, ...] = (
     ),
 )
 _BY_DEST = {f.dest: f for f in FLAGS}
-# A switch with no field of its own: it clears spec.draft (plain decoding, the speedup baseline).
-NO_SPECULATION = "no_speculation"
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A flag without a value that, when given (or true in the config file or environment),
+    sets one field to `value`; the field's own flag, if any, is overridden."""
+
+    name: str
+    section: str
+    field: str
+    value: Any
+    help: str
+
+    @property
+    def dest(self) -> str:
+        return self.name.lstrip("-").replace("-", "_")
+
+
+SWITCHES: tuple[Switch, ...] = (
+    Switch("--no-speculation", "spec", "draft", None,
+           "decode without a draft head even if --draft is set (the speedup baseline)"),
+    Switch("--no-prefix-caching", "cache", "prefix_caching", False,
+           "compute every prompt in full instead of reusing the KV of earlier requests' equal prefixes"),
+)
+_SWITCH_BY_DEST = {s.dest: s for s in SWITCHES}
 
 
 class ConfigError(ValueError):
@@ -276,11 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
             choices=flag.choices,
             help=f"{flag.help} (default: {_field_default(flag)!r})",
         )
-    parser.add_argument(
-        "--no-speculation",
-        action="store_true",
-        help="decode without a draft head even if --draft is set (the speedup baseline)",
-    )
+    for switch in SWITCHES:
+        parser.add_argument(switch.name, action="store_true", help=switch.help)
     return parser
 
 
@@ -294,7 +317,7 @@ def _load_yaml(path: str) -> dict[str, Any]:
     out = {}
     for key, value in data.items():
         dest = str(key).lstrip("-").replace("-", "_")
-        if dest not in _BY_DEST and dest != NO_SPECULATION:
+        if dest not in _BY_DEST and dest not in _SWITCH_BY_DEST:
             raise ConfigError(f"{path}: unknown key {key!r}")
         out[dest] = value
     return out
@@ -302,7 +325,7 @@ def _load_yaml(path: str) -> dict[str, Any]:
 
 def _from_env(environ: typing.Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for dest in [*_BY_DEST, NO_SPECULATION]:
+    for dest in [*_BY_DEST, *_SWITCH_BY_DEST]:
         key = ENV_PREFIX + dest.upper()
         if key in environ:
             out[dest] = environ[key]
@@ -318,8 +341,9 @@ def parse_args(
     """
     environ = os.environ if environ is None else environ
     given = vars(build_parser().parse_args(argv))
-    if not given.get(NO_SPECULATION):
-        given.pop(NO_SPECULATION, None)  # store_true always sets it; only True is "given"
+    for dest in _SWITCH_BY_DEST:
+        if not given.get(dest):
+            given.pop(dest, None)  # store_true always sets it; only True is "given"
     config_file = given.pop("config", None) or environ.get(ENV_PREFIX + "CONFIG")
     merged: dict[str, Any] = {}
     if config_file:
@@ -329,12 +353,13 @@ def parse_args(
 
     values: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
     for dest, raw in merged.items():
-        if dest == NO_SPECULATION:
+        if dest in _SWITCH_BY_DEST:
             continue
         flag = _BY_DEST[dest]
         values[flag.section][flag.field] = _convert(flag, raw)
-    if _to_bool(NO_SPECULATION, merged.get(NO_SPECULATION, False)):
-        values["spec"]["draft"] = None
+    for switch in SWITCHES:
+        if _to_bool(switch.dest, merged.get(switch.dest, False)):
+            values[switch.section][switch.field] = switch.value
 
     try:  # values that conflict (--deterministic with --compile on) or are out of range
         engine_config = EngineConfig(

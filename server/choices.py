@@ -17,6 +17,7 @@ from server.protocol import (
     ChatLogprobs,
     ChatTokenLogprob,
     CompletionLogprobs,
+    PromptTokensDetails,
     SpecDecodeInfo,
     TopLogprob,
     Usage,
@@ -123,6 +124,7 @@ class ChoiceState:
     text: str = ""
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    num_cached_tokens: int = 0
     finish_reason: str | None = None
     spec: SpecStats = field(default_factory=SpecStats)
     logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -131,6 +133,7 @@ class ChoiceState:
         self.text += out.new_text
         self.num_prompt_tokens = out.num_prompt_tokens
         self.num_output_tokens = out.num_output_tokens
+        self.num_cached_tokens = out.num_cached_tokens
         self.spec = out.spec
         if out.new_logprobs:
             self.logprobs.extend(out.new_logprobs)
@@ -148,10 +151,16 @@ def spec_info(spec: SpecStats) -> SpecDecodeInfo:
 
 
 def usage_of(states: list[ChoiceState], n: int) -> Usage:
-    prompt = sum(states[i].num_prompt_tokens for i in range(0, len(states), n))
+    """Usage of `states`, n choices per prompt: each prompt counts once (its first choice's
+    figures), completions all."""
+    firsts = states[::n]
+    prompt = sum(s.num_prompt_tokens for s in firsts)
     completion = sum(s.num_output_tokens for s in states)
     return Usage(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(s.num_cached_tokens for s in firsts)),
     )
 
 

@@ -219,6 +219,13 @@ class ServerMetrics:
         self.num_preemptions = counter(
             "eagle_num_preemptions", "Sequences preempted (KV freed, recomputed later)."
         )
+        self.prefix_cache_queries = counter(
+            "eagle_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache (each request's prompt, at admission).",
+        )
+        self.prefix_cache_hits = counter(
+            "eagle_prefix_cache_hits", "Of the prompt tokens looked up, those whose KV came from the cache."
+        )
         self.spec_num_drafts = counter(
             "eagle_spec_decode_num_drafts", "Sequence-steps that verified a draft tree."
         )
@@ -352,6 +359,8 @@ class ServerMetrics:
             return
         simple = (
             ("num_preemptions", self.num_preemptions),
+            ("prefix_cache_queried_tokens", self.prefix_cache_queries),
+            ("prefix_cache_hit_tokens", self.prefix_cache_hits),
             ("spec_num_drafts", self.spec_num_drafts),
             ("spec_num_draft_tokens", self.spec_num_draft_tokens),
             ("spec_num_accepted_tokens", self.spec_num_accepted_tokens),

@@ -25,6 +25,7 @@ def make_engine(
     compile: str = "off",
     attention_backend: str = "auto",
     deterministic: bool = False,
+    prefix_caching: bool = True,
     **sched,
 ) -> Engine:
     config = EngineConfig(
@@ -32,7 +33,7 @@ def make_engine(
             model=str(model_dir), dtype=dtype, device="cpu", max_model_len=max_model_len, weight_packing=weight_packing,
             compile=compile, attention_backend=attention_backend, deterministic=deterministic,
         ),
-        cache=CacheConfig(kv_cache_tokens=kv_tokens),
+        cache=CacheConfig(kv_cache_tokens=kv_tokens, prefix_caching=prefix_caching),
         scheduler=dataclasses.replace(SchedulerConfig(), **sched),
         # Tests of speculation want trees whatever the batch size (no load-based fallback) unless
         # they pass spec_max_batch, and the wide tree unless they pass one: the fp32 CPU default

@@ -52,6 +52,8 @@ class DraftState:
     start end at the target's KV length. pending_start == draft_len unless the sequence went
     without drafting long enough for old features to be dropped (a gap)."""
 
+    num_preemptions: int = 0
+    """The sequence's SeqWork.num_preemptions when this state began."""
     origin: int = 0
     draft_len: int = 0
     pending_start: int = 0
@@ -124,6 +126,11 @@ class Drafter:
             else self._forward_fn
         )
         self.states: dict[str, DraftState] = {}
+        self.committed: dict[int, tuple[bytes, int]] = {}
+        """Pool block -> (its prefix-cache key, the token after it), for blocks whose every draft
+        entry a sequence with that prefix committed. An entry at position p reads token p + 1 and
+        the target's feature at p, so a later sequence whose block has the same key and the same
+        next token would compute the same entries: it attends to these instead (see state)."""
 
     # ---- state --------------------------------------------------------------------------
 
@@ -132,10 +139,27 @@ class Drafter:
             self.states.pop(request_id, None)
 
     def state(self, work: SeqWork) -> DraftState:
-        """The request's state, reset when its KV was recomputed from scratch (preemption)."""
+        """The request's state, reset when its target KV was recomputed (preemption: the draft
+        KV in its blocks may be another sequence's or none). A new state's draft context ends
+        where the work starts: position 0, or the block boundary up to which a prefix-cache hit
+        supplied the target's KV. Its context then begins at the first of the hit's last blocks
+        whose draft entries were all committed (`committed`), or at the boundary itself when
+        the last one's were not (the head then attends to none of the cached tokens, as after a
+        feature-window gap; see catch_up)."""
         state = self.states.get(work.request_id)
-        if state is None or state.pending_start + state.num_pending != work.start_pos:
-            state = DraftState()
+        if (
+            state is None
+            or state.num_preemptions != work.num_preemptions
+            or state.pending_start + state.num_pending != work.start_pos
+        ):
+            start = work.start_pos
+            assert start % self.block_size == 0, "a draft context starts at a block boundary"
+            block = start // self.block_size
+            while block > 0 and (content := self._content(work, block - 1)) is not None:
+                if self.committed.get(work.block_table[block - 1]) != content:
+                    break
+                block -= 1
+            state = DraftState(work.num_preemptions, origin=block * self.block_size, draft_len=start, pending_start=start)
             self.states[work.request_id] = state
         return state
 
@@ -167,16 +191,25 @@ class Drafter:
         groups, features, owners = [], [], []
         for work in works:
             state = self.state(work)
-            if state.num_pending == 0 or not work.drafts_with_head:
+            if not work.drafts_with_head:
                 continue
             if state.pending_start != state.draft_len:
                 state.origin = state.draft_len = state.pending_start
+            # This step writes draft entries from draft_len on (context, then tree levels).
+            for block in work.block_table[state.draft_len // self.block_size :]:
+                self.committed.pop(block, None)
+            if state.num_pending == 0:
+                continue
             start, count = state.draft_len, state.num_pending
             tokens = token_range(work.prompt_token_ids, work.output_token_ids, start + 1, start + count + 1)
             groups.append(self._context_group(state, work.block_table, tokens))
             features += state.pending
             owners.append(work.request_id)
             state.draft_len, state.pending_start, state.pending, state.num_pending = start + count, start + count, [], 0
+            first_whole = -(-state.origin // self.block_size)
+            for block in range(max(first_whole, start // self.block_size), min(state.draft_len // self.block_size,
+                                                                                len(work.cache_keys))):
+                self.committed[work.block_table[block]] = self._content(work, block)
         if not groups:
             return {}
         last_rows, total = [], 0
@@ -188,6 +221,13 @@ class Drafter:
             request_id: RootDraft(out.hidden[row], out.top_logprobs[i], out.top_ids[i])
             for i, (request_id, row) in enumerate(zip(owners, last_rows))
         }
+
+    def _content(self, work: SeqWork, block: int) -> tuple[bytes, int] | None:
+        """(prefix-cache key, next token) of the work's `block`-th block, None when unhashed."""
+        if block >= len(work.cache_keys):
+            return None
+        after = (block + 1) * self.block_size
+        return work.cache_keys[block], token_range(work.prompt_token_ids, work.output_token_ids, after, after + 1)[0]
 
     def _context_group(self, state: DraftState, block_table: list[int], tokens: list[int]) -> SeqGroup:
         """The entries draft_len .. draft_len + len(tokens) - 1 as one causal row of the head's

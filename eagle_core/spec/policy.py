@@ -352,6 +352,11 @@ class SpeculationPolicy:
         if decode_only and rows:
             self.costs.observe(rows, drafting, seconds, owed)
 
+    def admit(self, request_id: str, start: int) -> None:
+        """The request (re)starts computing at position `start` (0, or past its prefix-cache
+        hit), where its draft head's context starts too: it owes the entries from there."""
+        self.fed[request_id] = start
+
     def drop(self, request_id: str) -> None:
         self.acceptance.drop(request_id)
         self.fed.pop(request_id, None)

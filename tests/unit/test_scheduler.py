@@ -14,9 +14,9 @@ GREEDY = SamplingParams(temperature=0, max_tokens=100)
 
 
 def make(num_blocks=64, block_size=4, draft_slots=0, max_spec_batch=0, lookup_slots=0, max_lookup_batch=0,
-         **config) -> Scheduler:
-    return Scheduler(SchedulerConfig(**config), BlockManager(num_blocks, block_size), draft_slots, max_spec_batch,
-                     lookup_slots, max_lookup_batch)
+         caching=False, **config) -> Scheduler:
+    return Scheduler(SchedulerConfig(**config), BlockManager(num_blocks, block_size, caching), draft_slots,
+                     max_spec_batch, lookup_slots, max_lookup_batch)
 
 
 def request(rid: str, prompt_len: int, max_output: int = 100, eos=frozenset()) -> Request:
@@ -244,6 +244,9 @@ class _Recording:
         self.asked.append(([c.request_id for c in candidates], other_rows))
         return Choice(frozenset(), frozenset(), 0.0)
 
+    def admit(self, request_id, start):
+        pass
+
     def drop(self, request_id):
         pass
 
@@ -260,3 +263,85 @@ def test_the_policy_is_told_of_the_prefill_rows_the_step_will_admit():
     assert policy.asked[-1] == (["a"], 12)  # b is admitted in the same step
     assert [len(w.token_ids) for w in batch.seqs] == [1, 12]
     assert batch.seqs[0].draft_skip_reason == "policy"
+
+
+# ---- prefix caching -------------------------------------------------------------------------
+
+
+def test_a_prompt_starting_with_computed_blocks_skips_them():
+    s = make(caching=True)
+    s.add(request("a", 10))
+    step(s)  # a's prompt: blocks 0 and 1 full and computed, 2 tokens in block 2
+    s.add(Request("b", list(range(10, 18)) + [99, 98, 97], GREEDY, 100))
+    batch, _ = step(s)
+    (work,) = [w for w in batch.seqs if w.request_id == "b"]
+    b = s.requests["b"]
+    assert work.start_pos == 8 and work.token_ids == [99, 98, 97]
+    assert b.block_table[:2] == s.requests["a"].block_table[:2]
+    assert b.num_cached_tokens == 8
+    assert (s.num_queried_tokens, s.num_cached_tokens) == (10 + 11, 8)
+
+
+def test_the_last_prompt_token_is_computed_even_when_every_block_is_cached():
+    s = make(caching=True)
+    s.add(request("a", 8))
+    step(s)
+    s.add(request("b", 8))  # the same 8 tokens: two full cached blocks
+    batch, _ = step(s)
+    (work,) = [w for w in batch.seqs if w.request_id == "b"]
+    assert work.start_pos == 4 and work.sample  # the second block is computed again (its last token gives logits)
+    assert s.requests["b"].block_table[1] != s.requests["a"].block_table[1]
+
+
+def test_output_blocks_are_cached_for_the_next_turn():
+    s = make(caching=True)
+    s.add(request("a", 6))
+    for _ in range(4):
+        step(s, token=5)  # prompt 6 + outputs 5, 5, 5, 5: two full blocks computed, then a third half
+    a = s.requests["a"]
+    history = a.prompt_token_ids + a.output_token_ids
+    s.finish("a", "stop")
+    s.add(Request("b", history + [1, 2, 3], GREEDY, 100))
+    batch, _ = step(s)
+    assert batch.seqs[0].start_pos == 8
+
+
+def test_a_preempted_request_sharing_the_preemptors_blocks_resumes_in_the_same_step():
+    s = make(num_blocks=4, block_size=4, caching=True)
+    s.add(request("old", 6))
+    s.add(request("new", 6))  # the same prompt, and the same outputs below
+    for _ in range(3):
+        step(s)
+    batch, _ = step(s)  # old's growth preempts new, which comes back at once on old's two blocks
+    new = s.requests["new"]
+    assert s.num_preemptions == 1 and new.status is RequestStatus.RUNNING
+    assert new.block_table[:2] == s.requests["old"].block_table[:2]
+    (work,) = [w for w in batch.seqs if w.request_id == "new"]
+    assert work.start_pos == 8 and work.is_decode and not work.num_draft_slots
+
+
+def test_without_caching_every_prompt_is_computed():
+    s = make(caching=False)
+    s.add(request("a", 10))
+    step(s)
+    s.add(request("b", 10))
+    batch, _ = step(s)
+    (work,) = [w for w in batch.seqs if w.request_id == "b"]
+    assert work.start_pos == 0 and s.requests["b"].num_cached_tokens == 0
+
+
+def test_a_preempted_request_comes_back_through_its_own_cached_blocks():
+    s = make(num_blocks=4, block_size=4, caching=True)
+    s.add(request("old", 6))
+    s.add(Request("new", list(range(50, 56)), GREEDY, 100))
+    for _ in range(4):
+        step(s)  # as in the test without caching: new is preempted in the last step
+    new = s.requests["new"]
+    # old took new's last block (freed cached blocks go last block first); its first is still cached
+    assert new.status is RequestStatus.WAITING and s.num_preemptions == 1
+    s.finish("old", "stop")
+    known = new.prompt_token_ids + new.output_token_ids
+    batch, _ = step(s)
+    work = batch.seqs[0]
+    assert work.request_id == "new" and work.start_pos == 4 and work.token_ids == known[4:]
+    assert new.num_cached_tokens == 0  # a readmission's hits are not the prompt's

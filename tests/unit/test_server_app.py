@@ -82,6 +82,7 @@ async def test_chat_completion(server):
         "prompt_tokens": prompt_len,
         "completion_tokens": len(REPLY),
         "total_tokens": prompt_len + len(REPLY),
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
     assert engine.used_threads == 1
 
