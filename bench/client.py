@@ -100,6 +100,8 @@ class StreamRecord:
     spec_decode: dict | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
+    """usage.prompt_tokens_details.cached_tokens (prompt tokens the prefix cache served)."""
     error: str | None = None
     chunk_tokens: list[int] = field(default_factory=list)
     """Tokens per content chunk; filled after the run (see serve_bench.count_chunk_tokens)."""
@@ -155,6 +157,7 @@ def _decode_events(record: StreamRecord, lines: list[tuple[float, str]]) -> None
         if event.get("usage"):
             record.prompt_tokens = event["usage"]["prompt_tokens"]
             record.completion_tokens = event["usage"]["completion_tokens"]
+            record.cached_tokens = (event["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
         for choice in event.get("choices", []):
             content = (choice.get("delta") or {}).get("content")
             if content:
