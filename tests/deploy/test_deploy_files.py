@@ -60,6 +60,8 @@ COUNTERS = {
     "eagle_request_success_total",
     "eagle_request_failure_total",
     "eagle_num_preemptions_total",
+    "eagle_prefix_cache_queries_total",
+    "eagle_prefix_cache_hits_total",
     "eagle_spec_decode_num_drafts_total",
     "eagle_spec_decode_num_draft_tokens_total",
     "eagle_spec_decode_num_accepted_tokens_total",

@@ -81,7 +81,10 @@ def test_32_concurrent_streams_are_batched_and_correct(smollm2_server: ServerPro
         ).json()
         text, usage = results[i]
         assert text == resp["choices"][0]["message"]["content"], i
+        # The same counts, except what the prefix cache served (the resend finds the stream's blocks)
+        streamed_details, details = usage.pop("prompt_tokens_details"), resp["usage"].pop("prompt_tokens_details")
         assert usage == resp["usage"]
+        assert 0 <= streamed_details["cached_tokens"] <= details["cached_tokens"] < usage["prompt_tokens"]
     assert all(text and usage["completion_tokens"] >= 1 for text, usage in results)
     wait_for_metric(smollm2_server, "eagle_num_requests_running", 0)
 

@@ -188,6 +188,8 @@ def spec_stats(drafts, drafted, accepted, per_pos, fallbacks=None, preemptions=0
         "spec_num_accepted_tokens": accepted,
         "spec_accepted_per_position": per_pos,
         "spec_fallbacks": fallbacks or {},
+        "prefix_cache_queried_tokens": 100 * drafts,
+        "prefix_cache_hit_tokens": 64 * drafts,
     }
 
 
@@ -204,6 +206,8 @@ def test_engine_counters_export_their_increase():
     assert value(m, "eagle_spec_decode_num_draft_tokens_total") == 35
     assert value(m, "eagle_spec_decode_num_accepted_tokens_total") == 6
     assert value(m, "eagle_num_preemptions_total") == 1
+    assert value(m, "eagle_prefix_cache_queries_total") == 500
+    assert value(m, "eagle_prefix_cache_hits_total") == 320
     per_pos = [
         value(m, "eagle_spec_decode_num_accepted_tokens_per_pos_total", position=str(p))
         for p in range(3)
