@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils.cpp_extension import load
 
 from bench.environment import write_result
-from eagle_core.worker.cpu_kernels import _SOURCE, _isa_flags
+from eagle_core.worker import cpu_kernels
+from eagle_core.worker.cpu_kernels import _SOURCE
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 # (tiles, query slots per tile, keys per tile)
@@ -40,9 +40,7 @@ def build(name: str, source: str, build_dir: Path):
     path = build_dir / f"{name}.cpp"
     path.write_text(source.replace("TORCH_LIBRARY(eagle_serve", f"TORCH_LIBRARY({name}").replace(
         "TORCH_LIBRARY_IMPL(eagle_serve", f"TORCH_LIBRARY_IMPL({name}"))
-    _, flags = _isa_flags()
-    load(name=name, sources=[str(path)], extra_cflags=["-O3", "-fopenmp", *flags], extra_ldflags=["-fopenmp"],
-         build_directory=str(build_dir), is_python_module=False)
+    cpu_kernels.build(name, path, build_dir)
     return getattr(torch.ops, name).paged_attention
 
 

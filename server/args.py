@@ -34,6 +34,11 @@ from server.settings import ServerSettings
 
 ENV_PREFIX = "EAGLE_SERVE_"
 
+
+def _dest(flag_name: str) -> str:
+    """The namespace, config-file and environment name of a flag: "--max-num-seqs" -> "max_num_seqs"."""
+    return flag_name.lstrip("-").replace("-", "_")
+
 # The config objects a flag can land in, by section name.
 _SECTIONS: dict[str, type] = {
     "server": ServerSettings,
@@ -54,7 +59,7 @@ class Flag:
 
     @property
     def dest(self) -> str:
-        return self.name.lstrip("-").replace("-", "_")
+        return _dest(self.name)
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -208,7 +213,7 @@ class Switch:
 
     @property
     def dest(self) -> str:
-        return self.name.lstrip("-").replace("-", "_")
+        return _dest(self.name)
 
 
 SWITCHES: tuple[Switch, ...] = (
@@ -316,7 +321,7 @@ def _load_yaml(path: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: expected a mapping of flag names to values")
     out = {}
     for key, value in data.items():
-        dest = str(key).lstrip("-").replace("-", "_")
+        dest = _dest(str(key))
         if dest not in _BY_DEST and dest not in _SWITCH_BY_DEST:
             raise ConfigError(f"{path}: unknown key {key!r}")
         out[dest] = value

@@ -45,26 +45,31 @@ def _isa_flags() -> tuple[str, list[str]]:
     return str(isa), flags
 
 
+def build(name: str, source: Path, build_dir: Path) -> None:
+    """Compile `source` for this CPU's vector ISA (`_isa_flags`) into `build_dir` and load it
+    into the process as library `name` (its TORCH_LIBRARY registrations take effect)."""
+    from torch.utils.cpp_extension import load
+
+    build_dir.mkdir(parents=True, exist_ok=True)
+    load(
+        name=name,
+        sources=[str(source)],
+        extra_cflags=["-O3", "-fopenmp", *_isa_flags()[1]],
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(build_dir),
+        is_python_module=False,
+        verbose=False,
+    )
+
+
 @functools.cache
 def paged_attention_available() -> bool:
     """Builds (or finds in the cache) and loads the paged attention kernel; True when
     `torch.ops.eagle_serve.paged_attention` can be called."""
-    from torch.utils.cpp_extension import load
-
     isa, flags = _isa_flags()
     key = hashlib.sha256(_SOURCE.read_bytes() + f"{torch.__version__}|{isa}|{flags}".encode()).hexdigest()[:16]
-    build_dir = cache_root() / "kernels" / f"{_NAME}-{key}"
     try:
-        build_dir.mkdir(parents=True, exist_ok=True)
-        load(
-            name=_NAME,
-            sources=[str(_SOURCE)],
-            extra_cflags=["-O3", "-fopenmp", *flags],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(build_dir),
-            is_python_module=False,
-            verbose=False,
-        )
+        build(_NAME, _SOURCE, cache_root() / "kernels" / f"{_NAME}-{key}")
     except Exception as exc:  # no compiler or ninja, a failed build: fall back, loudly
         logger.warning("CPU paged attention kernel unavailable, using sdpa over gathered keys: %s", exc)
         return False
