@@ -80,6 +80,12 @@ class SeqWork:
         return len(self.output_token_ids) < self.params.min_tokens
 
     @property
+    def needs_histories(self) -> bool:
+        """Sampling reads the tokens before each row: penalties, held-back stop tokens or a
+        grammar."""
+        return self.params.needs_penalties or self.holds_back_stop_tokens or self.params.grammar is not None
+
+    @property
     def drafts_with_head(self) -> bool:
         """The draft head builds this step's tree (else it is plain decoding, or lookup only)."""
         return self.num_draft_slots > 0 and self.draft_skip_reason is None

@@ -125,6 +125,8 @@ class Engine:
         vocab = self.worker.vocab_size
         if any(token >= vocab for token, _ in params.logit_bias):
             raise InvalidRequestError(f"logit_bias keys must be token ids in [0, {vocab})", param="logit_bias")
+        if params.grammar is not None:
+            self.check_grammar(params)
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
             raise InvalidRequestError(
@@ -139,6 +141,17 @@ class Engine:
         self._tracked[request_id] = _Tracked(
             request, IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop, params.skip_special_tokens)
         )
+
+    def check_grammar(self, params: SamplingParams) -> None:
+        """Raises InvalidRequestError when the request's grammar cannot be used: the grammar
+        engine's reason, no grammar engine for this tokenizer, or ignore_eos (a complete
+        document allows only the stop tokens). Compiled grammars are cached."""
+        grammar = params.grammar
+        if params.ignore_eos:
+            raise InvalidRequestError(f"ignore_eos cannot be combined with {grammar.param}", param="ignore_eos")
+        if self.worker.grammar_compiler is None:
+            raise InvalidRequestError(self.worker.grammar_unavailable, param=grammar.param)
+        self.worker.grammar_compiler.check(grammar)
 
     def abort(self, request_id: str) -> None:
         """Stop a request; its KV is freed now and an "abort" output comes with the next step."""

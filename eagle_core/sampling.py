@@ -10,9 +10,11 @@ without any generator state: draws need no host round trip and batch over rows.
 The pipeline for one step, each function vectorised over rows (a row is one position to sample
 at: one per plain decoding sequence, or one per node of a speculative draft tree):
 
-    logits = apply_penalties(raw_logits, prompt_ids, output_ids, params)   # [num_rows, vocab]
-    logits = hold_back_stop_tokens(logits, num_output, params, stop_ids)     # min_tokens
-    probs = processed_probs(logits, params)                                  # [num_rows, vocab]
+    logits = apply_logit_bias(raw_logits, params)                            # [num_rows, vocab]
+    logits = apply_penalties(logits, prompt_ids, output_ids, params)
+    held = hold_back_stop_tokens(logits, num_output, params, stop_ids)       # min_tokens
+    held = apply_grammar(held, logits, allowed)                              # structured outputs
+    probs = processed_probs(held, params)                                    # [num_rows, vocab]
     token_ids = draw(probs, keys, positions, greedy)                         # [num_rows]
     logprobs = compute_logprobs(raw_logits, token_ids, num_top)              # from RAW logits
 
@@ -199,6 +201,19 @@ def hold_back_stop_tokens(
         return logits
     index = (torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device))
     return logits.index_put(index, torch.tensor(float("-inf"), device=logits.device))
+
+
+def apply_grammar(
+    held: torch.Tensor,  # [num_rows, vocab] float32, after hold_back_stop_tokens
+    before: torch.Tensor,  # [num_rows, vocab] float32, the same rows before it
+    allowed: torch.Tensor,  # [num_rows, vocab] bool, what each row's grammar allows
+) -> torch.Tensor:  # [num_rows, vocab] float32
+    """Disallowed tokens get -inf. A row left with no token (its grammar allows only a stop
+    token that min_tokens holds back) takes the grammar's mask over `before`: the grammar
+    wins, so the request ends complete rather than on a token the grammar forbids."""
+    masked = held.masked_fill(~allowed, float("-inf"))
+    stuck = torch.isneginf(masked).all(dim=1, keepdim=True)  # [num_rows, 1]
+    return torch.where(stuck, before.masked_fill(~allowed, float("-inf")), masked)
 
 
 # --------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from eagle_core.errors import InvalidRequestError
 
@@ -19,6 +20,24 @@ a float64 finiteness check) becomes inf there, so a logit of 0 turns into NaN.""
 
 
 @dataclass(frozen=True)
+class Grammar:
+    """What a request's output must match (eagle_core/grammar.py compiles it).
+
+    json_object: any JSON object. json_schema: a JSON document valid under the JSON schema in
+    `source` (JSON text). regex: text matching the regular expression in `source` (Rust regex
+    syntax, anchored at both ends). Equal grammars compare equal, so they compile once."""
+
+    kind: Literal["json_object", "json_schema", "regex"]
+    source: str = ""
+    param: str = "response_format"
+    """The request field it came from, named by errors about it."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("json_object", "json_schema", "regex"):
+            raise InvalidRequestError(f"unknown grammar kind {self.kind!r}", param=self.param)
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """How one request samples and when it stops.
 
@@ -32,6 +51,8 @@ class SamplingParams:
     logit_bias: (token id, bias) pairs (a dict is accepted), each bias added to that token's
     logit before penalties, temperature and filters, at every sampled position (every draft-tree
     node too, so speculation stays exact); -100 bans a token in practice, +100 forces it.
+    grammar: the output must match it (structured outputs): every sampled position, draft-tree
+    nodes included, samples only among the tokens the grammar allows there.
     """
 
     temperature: float = 1.0
@@ -50,6 +71,7 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         # Accept lists from callers but store tuples so the object stays hashable and frozen.
@@ -109,8 +131,9 @@ class SamplingParams:
 
     @property
     def adjusts_logits(self) -> bool:
-        """Whether the sampled distribution is not the model's own: a bias or a penalty."""
-        return bool(self.logit_bias) or self.needs_penalties
+        """Whether the sampled distribution is not the model's own: a bias, a penalty or a
+        grammar."""
+        return bool(self.logit_bias) or self.needs_penalties or self.grammar is not None
 
     @property
     def needs_penalties(self) -> bool:

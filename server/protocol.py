@@ -1,8 +1,8 @@
 """Pydantic models of the OpenAI request and response bodies this server speaks.
 
 Requests ignore unknown fields, so newer clients keep working, except for the OpenAI features
-that change what a client expects back (JSON mode, tool calls): those are a 400
-rather than free text the client cannot parse. An explicit null means the field's default
+that change what a client expects back and this server does not implement (tool calls): those
+are a 400 rather than free text the client cannot parse. An explicit null means the field's default
 where null is not itself a value of the field. Pydantic checks only shapes and types here;
 value ranges (temperature in [0, 2], ...) are checked once, by eagle_core.SamplingParams, whose
 errors name the parameter.
@@ -10,6 +10,7 @@ errors name the parameter.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Literal, get_args
 
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.fields import FieldInfo
 
 from eagle_core.errors import InvalidRequestError
-from eagle_core.sampling_params import SamplingParams
+from eagle_core.sampling_params import Grammar, SamplingParams
 
 MAX_N = 64  # more choices than this per request is almost surely a client bug
 
@@ -130,8 +131,10 @@ class _SamplingRequest(_Request):
     ignore_eos: bool | None = None
     logit_bias: dict[str, float] | None = None
     """Token id (a decimal string, as OpenAI takes it) -> bias in [-100, 100]."""
-    # OpenAI features this server does not implement (see _check_supported).
     response_format: dict[str, Any] | None = None
+    """OpenAI's: {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema":
+    {"name": ..., "schema": {...}, "strict": ...}} (the schema is always enforced)."""
+    # OpenAI features this server does not implement (see _check_supported).
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
@@ -147,14 +150,8 @@ class _SamplingRequest(_Request):
         raise NotImplementedError
 
     def _check_supported(self) -> None:
-        """A JSON-mode or tool-calling client that got free text back would fail later and
-        obscurely; a 400 naming the field tells it at once."""
-        kind = (self.response_format or {}).get("type", "text")
-        if kind != "text":
-            raise InvalidRequestError(
-                f"response_format {kind!r} is not supported by this server; only 'text' is",
-                "response_format",
-            )
+        """A tool-calling client that got free text back would fail later and obscurely; a 400
+        naming the field tells it at once."""
         if self.tools and self.tool_choice != "none":
             raise InvalidRequestError("tools (function calling) are not supported by this server", "tools")
         if self.functions:
@@ -187,7 +184,30 @@ class _SamplingRequest(_Request):
         kwargs["stop"] = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         kwargs["stop_token_ids"] = list(self.stop_token_ids or [])
         kwargs["logit_bias"] = _token_bias(self.logit_bias or {})
+        kwargs["grammar"] = response_grammar(self.response_format)
         return SamplingParams(**kwargs)
+
+
+def response_grammar(response_format: dict[str, Any] | None) -> Grammar | None:
+    """The grammar of OpenAI's response_format (None for text); the schema itself is checked
+    by the engine's grammar compiler."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Grammar("json_object")
+    if kind != "json_schema":
+        raise InvalidRequestError(
+            f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}", "response_format"
+        )
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise InvalidRequestError(
+            "response_format json_schema needs a 'json_schema' object with a 'schema' object", "response_format"
+        )
+    return Grammar("json_schema", json.dumps(spec["schema"], sort_keys=True))
 
 
 def _token_bias(bias: dict[str, float]) -> dict[int, float]:

@@ -6,14 +6,17 @@ import torch
 
 from eagle_core import sampling
 from eagle_core.batch import SeqWork, TokenLogprob
+from eagle_core.grammar import GrammarMasks
 
 
 class Sampler:
-    """Owns each request's random key (its seed, or a random one), the only sampling state a
-    request has: its draws are a function of (key, output position), see eagle_core/sampling.py."""
+    """Owns each request's random key (its seed, or a random one): its draws are a function of
+    (key, output position), see eagle_core/sampling.py. A grammar-constrained request also has
+    a grammar matcher (`grammars`), which follows whatever history a row samples after."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, grammars: GrammarMasks | None = None):
         self.device = device
+        self.grammars = grammars
         self._keys: dict[str, int] = {}
 
     def key(self, work: SeqWork) -> int:
@@ -26,6 +29,8 @@ class Sampler:
     def drop(self, request_ids: list[str]) -> None:
         for request_id in request_ids:
             self._keys.pop(request_id, None)
+        if self.grammars is not None:
+            self.grammars.drop(request_ids)
 
     def process(
         self,
@@ -33,15 +38,31 @@ class Sampler:
         works: list[SeqWork],  # the request of each row
         histories: list[list[int]],  # output tokens before each row (output so far + path)
     ) -> torch.Tensor:
-        """The distribution each row samples from ([R, vocab]): logit bias, penalties, then
-        temperature and filters (one-hot for greedy rows)."""
+        """The distribution each row samples from ([R, vocab]): logit bias, penalties, held-back
+        stop tokens, the grammar's mask, then temperature and filters (one-hot for greedy
+        rows)."""
         params = [w.params for w in works]
         logits = sampling.apply_logit_bias(logits.float(), params)
         logits = sampling.apply_penalties(logits, [w.prompt_token_ids for w in works], histories, params)
-        logits = sampling.hold_back_stop_tokens(
+        held = sampling.hold_back_stop_tokens(
             logits, [len(h) for h in histories], params, [w.stop_token_ids for w in works]
         )
-        return sampling.processed_probs(logits, params)
+        allowed = self._allowed(works, histories)
+        if allowed is not None:
+            held = sampling.apply_grammar(held, logits, allowed.to(logits.device))
+        return sampling.processed_probs(held, params)
+
+    def _allowed(self, works: list[SeqWork], histories: list[list[int]]) -> torch.Tensor | None:
+        """[R, vocab] bool on the host: the tokens each row's grammar allows; None without
+        grammars."""
+        grammars = [w.params.grammar for w in works]
+        if all(g is None for g in grammars):
+            return None
+        if self.grammars is None:
+            raise RuntimeError("a request has a grammar but this worker has no grammar engine")
+        return self.grammars.allowed(
+            [w.request_id for w in works], grammars, histories, [w.stop_token_ids for w in works]
+        )
 
     def draw(
         self,
@@ -52,7 +73,7 @@ class Sampler:
     ) -> torch.Tensor:  # [R] long, on the device
         """One token per row from the row's processed distribution, without a host sync. A row
         at depth d samples output position len(output) + d. Rows of greedy requests without
-        logit bias, penalties or held-back stop tokens are a plain argmax."""
+        logit bias, penalties, grammar or held-back stop tokens are a plain argmax."""
         if all(w.params.greedy and not w.params.adjusts_logits and not w.holds_back_stop_tokens for w in works):
             return logits.argmax(dim=1)
         if histories is None:

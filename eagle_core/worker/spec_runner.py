@@ -165,9 +165,9 @@ class SpecRunner:
         works: list[SeqWork], sampled: list[int], trees: dict[int, DraftTree], tree_order: list[int]
     ) -> list[list[int]] | None:
         """Output tokens preceding each logit row's sample (output so far, plus the path below
-        the root for tree nodes); None when no row needs them (no penalties, no min_tokens)."""
+        the root for tree nodes); None when no row needs them (SeqWork.needs_histories)."""
         rows = [works[i] for i in sampled] + [works[i] for i in tree_order]
-        if not any(w.params.needs_penalties or w.holds_back_stop_tokens for w in rows):
+        if not any(w.needs_histories for w in rows):
             return None
         histories = [list(works[i].output_token_ids) for i in sampled]
         for i in tree_order:

@@ -20,6 +20,7 @@ from eagle_core.config import (
     SpecDefaults,
 )
 from eagle_core.errors import ModelLoadError
+from eagle_core.grammar import GrammarCompiler, GrammarMasks
 from eagle_core.kv import blocks_needed
 from eagle_core.spec.draft_head import load_draft_head
 from eagle_core.spec.drafter import Drafter
@@ -91,7 +92,11 @@ class Worker:
             self.compile_settings,
             feature_layers=getattr(self.draft_head, "layer_ids", None),
         )
-        self.sampler = Sampler(self.device)
+        self.grammar_compiler, self.grammar_unavailable = self._grammar_compiler()
+        """Compiles structured-output grammars; None (with the reason) when this tokenizer has
+        no grammar engine."""
+        grammars = GrammarMasks(self.grammar_compiler) if self.grammar_compiler is not None else None
+        self.sampler = Sampler(self.device, grammars)
         self.num_tree_slots = 0
         """Draft-head tree tokens per decoding sequence per step (tree size minus its root)."""
         self.num_lookup_slots = 0
@@ -137,6 +142,13 @@ class Worker:
             logger.warning("draft head linears left in %s (shape unsupported by the int8 kernel): %s",
                            self.dtype, ", ".join(left))
         return bool(replaced)
+
+    def _grammar_compiler(self) -> tuple[GrammarCompiler | None, str | None]:
+        try:
+            return GrammarCompiler(self.tokenizer, self.vocab_size), None
+        except Exception as err:  # noqa: BLE001 - any tokenizer llguidance cannot read
+            logger.warning("structured outputs unavailable: %s", err)
+            return None, f"structured outputs are unavailable for this tokenizer ({err})"
 
     def _load_draft_head(self, loaded):
         return load_draft_head(

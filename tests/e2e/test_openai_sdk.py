@@ -170,3 +170,46 @@ def test_sdk_raises_typed_errors(sdk):
     with pytest.raises(openai.BadRequestError) as info:
         sdk.chat.completions.create(model="smollm2", messages=MESSAGES, temperature=3)
     assert info.value.body["param"] == "temperature"
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "languages": {"type": "array", "items": {"type": "string", "enum": ["en", "fr", "de"]}, "maxItems": 3},
+    },
+    "required": ["name", "age", "languages"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_answers_parse_and_validate_streamed_or_not(sdk):
+    """response_format json_schema through the SDK: the answer is a document of the schema, at
+    T=0 and seeded T=1, and a stream's deltas add up to the same text."""
+    import json
+
+    import jsonschema
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    messages = [{"role": "user", "content": "Invent a person who speaks French. Answer in JSON."}]
+    for temperature in (0.0, 1.0):
+        kwargs = dict(model="smollm2", messages=messages, max_tokens=200, temperature=temperature, seed=11, response_format=fmt)
+        resp = sdk.chat.completions.create(**kwargs)
+        text = resp.choices[0].message.content
+        assert resp.choices[0].finish_reason == "stop", text
+        jsonschema.validate(json.loads(text), PERSON)
+        streamed = "".join(c.choices[0].delta.content or "" for c in sdk.chat.completions.create(**kwargs, stream=True) if c.choices)
+        assert streamed == text
+    obj = sdk.chat.completions.create(
+        model="smollm2", messages=messages, max_tokens=200, temperature=0, response_format={"type": "json_object"}
+    )
+    assert isinstance(json.loads(obj.choices[0].message.content), dict)
+
+
+def test_a_schema_the_grammar_engine_refuses_is_a_400_with_its_reason(sdk):
+    fmt = {"type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "object", "required": 5}}}
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=5, response_format=fmt)
+    assert err.value.body["param"] == "response_format"
+    assert "json_schema" in err.value.body["message"]
