@@ -63,6 +63,24 @@ def write_result(out_dir: str, stem: str, payload: dict, suffix: str = "") -> Pa
     return path
 
 
+def run_http_bench(stem: str, module: str, parser, run, render) -> None:
+    """The main() of an HTTP benchmark: flags before `--` are the benchmark's (`parser`, which
+    must have --machine and --out), those after it go to every server it starts; runs
+    `run(args, server_flags)` (a coroutine function returning the result dict), writes the
+    result as JSON and Markdown (`render`) and prints the Markdown."""
+    import asyncio
+    import sys
+
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    result = asyncio.run(run(args, extra))
+    settings = {**vars(args), "server_flags": extra, "command": " ".join([f"python -m {module}", *argv])}
+    json_path, md_path = write_result_and_markdown(args.out, stem, {"settings": settings, **result}, args.machine, render)
+    print(md_path.read_text())
+    print(f"wrote {json_path} and {md_path}")
+
+
 def write_result_and_markdown(out_dir: str, stem: str, payload: dict, machine: str | None, render) -> tuple[Path, Path]:
     """write_result with a `-<machine>` suffix when a machine was named, then `render(result)`
     (the JSON as written) beside it as .md; returns both paths."""

@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 
 from bench.client import ServerProcess, chat_body, stream_chat, tokenize_messages
-from bench.environment import write_result_and_markdown
+from bench.environment import run_http_bench
 from bench.workloads import mt_bench_questions
 
 CACHE, NO_CACHE = "prefix-caching", "no-prefix-caching"
@@ -167,9 +167,6 @@ async def run(args, extra: list[str]) -> dict:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--conversations", type=int, default=12)
     parser.add_argument("--max-tokens", type=int, default=200)
@@ -180,13 +177,7 @@ def main() -> None:
     parser.add_argument("--start-timeout", type=float, default=900)
     parser.add_argument("--machine", default=None)
     parser.add_argument("--out", default="bench/results")
-    args = parser.parse_args(argv)
-    result = asyncio.run(run(args, extra))
-    settings = {**vars(args), "server_flags": extra, "command": " ".join(["python -m bench.prefix_cache", *sys.argv[1:]])}
-    json_path, md_path = write_result_and_markdown(args.out, "prefix-cache", {"settings": settings, **result},
-                                                   args.machine, render)
-    print(md_path.read_text())
-    print(f"wrote {json_path} and {md_path}")
+    run_http_bench("prefix-cache", "bench.prefix_cache", parser, run, render)
 
 
 if __name__ == "__main__":

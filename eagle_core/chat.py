@@ -29,8 +29,11 @@ _MARKER = "\ue000eagle-content-{}\ue001"
 anything a template writes."""
 
 
-def chat_prompt_ids(tokenizer: Any, messages: list[dict], plain_content: bool = True) -> list[int]:
-    """Token ids of `messages` followed by the assistant's turn header."""
+def chat_prompt_ids(
+    tokenizer: Any, messages: list[dict], plain_content: bool = True, tools: list[dict] | None = None
+) -> list[int]:
+    """Token ids of `messages` followed by the assistant's turn header; `tools` (OpenAI's tool
+    list) go to templates that render them."""
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidRequestError("this model has no chat template; use /v1/completions", param="messages")
     specials = _special_texts(tokenizer)
@@ -39,9 +42,9 @@ def chat_prompt_ids(tokenizer: Any, messages: list[dict], plain_content: bool = 
         if plain_content and isinstance(m.get("content"), str) and any(t in m["content"] for t in specials)
     ]  # fmt: skip
     if not risky:
-        return _ids(_render(tokenizer, messages, tokenize=True))
+        return _ids(_render(tokenizer, messages, tokenize=True, tools=tools))
     marked = [{**m, "content": _MARKER.format(i)} if i in risky else m for i, m in enumerate(messages)]
-    text = _render(tokenizer, marked, tokenize=False)
+    text = _render(tokenizer, marked, tokenize=False, tools=tools)
     ids: list[int] = []
     for i in risky:
         marker = _MARKER.format(i)
@@ -65,9 +68,10 @@ def _special_texts(tokenizer: Any) -> set[str]:
     return {t for t in texts | set(getattr(tokenizer, "all_special_tokens", [])) if t}
 
 
-def _render(tokenizer: Any, messages: list[dict], tokenize: bool) -> Any:
+def _render(tokenizer: Any, messages: list[dict], tokenize: bool, tools: list[dict] | None = None) -> Any:
+    extra = {"tools": tools} if tools else {}
     try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=tokenize)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=tokenize, **extra)
     except TemplateSyntaxError:
         raise  # the model's template itself is broken: a server fault, whatever was sent
     except TemplateError as exc:

@@ -183,6 +183,11 @@ class SpecConfig:
     "auto": int8 where it applies. The head's fc is left alone: its input carries raw target
     hidden states (EAGLE-3 fuses three layers'), whose outlier channels (|x| ~ 25,000 in
     SmolLM2) turned int8 rounding into 6% output error (0.3-0.7% in the other linears)."""
+    grammar_drafting: bool = True
+    """For requests with a grammar (structured outputs): draft-tree nodes the grammar forbids are
+    removed before the target runs, and the tokens the grammar forces next are added as a
+    chain from the root (they are accepted for sure). False: trees are verified as drafted
+    (forbidden nodes are still never accepted)."""
     feature_window: int = 256
     """Target features kept per sequence that does not draft (at least this many, fewer than
     this plus a KV block): such a sequence costs no draft forward, and when it drafts again its

@@ -223,10 +223,12 @@ class Engine:
             "spec_policy": self.policy.as_dict() if self.policy is not None else None,
         }
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        """Prompt ids of a conversation; message content never becomes control tokens unless
-        ModelConfig.control_tokens_in_content (eagle_core/chat.py). Safe on any thread."""
-        return chat_prompt_ids(self.tokenizer, messages, plain_content=not self.config.model.control_tokens_in_content)
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """Prompt ids of a conversation (`tools` for templates that render them); message
+        content never becomes control tokens unless ModelConfig.control_tokens_in_content
+        (eagle_core/chat.py). Safe on any thread."""
+        plain = not self.config.model.control_tokens_in_content
+        return chat_prompt_ids(self.tokenizer, messages, plain_content=plain, tools=tools)
 
     # ---- helpers ----------------------------------------------------------------------------
 

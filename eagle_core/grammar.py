@@ -150,6 +150,42 @@ class GrammarMasks:
             allowed[empty] = True
         return allowed
 
+    def constrain_tree(
+        self,
+        request_id: str,
+        grammar: Grammar,
+        history: list[int],  # the request's output so far (its last token is the tree's root)
+        token_ids: list[int],  # [N] the tree's tokens, node 0 the root
+        parents: list[int],  # [N] parent indices (parents before children), -1 for the root
+        room: int,  # most non-root nodes the tree may have
+    ) -> tuple[list[int], list[int]]:
+        """The tree without the nodes the grammar forbids (and their subtrees), then with the
+        tokens the grammar forces next added as a chain from the root (graft_chain: it
+        follows nodes that agree with it, new nodes only where `room` is left). A forbidden
+        node could never be accepted, and a forced token is accepted for sure, so the
+        verified output is unchanged; only the target's work is."""
+        from eagle_core.spec.lookup import graft_chain
+
+        state = self._state(request_id, grammar)
+        if not self._move(state, history):
+            return token_ids, parents
+        kept_tokens, kept_parents = [token_ids[0]], [-1]
+        index = {0: 0}  # old node -> new node
+        paths: dict[int, list[int]] = {0: []}
+        for node in range(1, len(token_ids)):
+            parent = parents[node]
+            if parent not in index:
+                continue
+            path = paths[parent] + [token_ids[node]]
+            if not self._move(state, history + path):
+                continue
+            index[node], paths[node] = len(kept_tokens), path
+            kept_tokens.append(token_ids[node])
+            kept_parents.append(index[parent])
+        self._move(state, history)
+        forced = state.matcher.compute_ff_tokens()
+        return graft_chain(kept_tokens, kept_parents, forced, room - (len(kept_tokens) - 1))
+
     def _state(self, request_id: str, grammar: Grammar) -> _State:
         state = self._states.get(request_id)
         if state is None:

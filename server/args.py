@@ -185,6 +185,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--spec-max-batch", "spec", "max_batch",
          "pin who drafts: the head drafts only while at most this many sequences run (0 = always); "
          "None: the speculation policy chooses each step from measured step costs and acceptance"),
+    Flag("--grammar-drafting", "spec", "grammar_drafting",
+         "true: for structured outputs, drop draft-tree nodes the grammar forbids before "
+         "verification and draft the tokens it forces; false: verify trees as drafted (also "
+         "--no-grammar-drafting)"),
     Flag("--lookup-max-batch", "spec", "lookup_max_batch",
          "pin lookup alone: steps without a head tree verify context lookup's chain while at most "
          "this many sequences run (0 = any number); None: the policy chooses (with --spec-max-batch "
@@ -221,6 +225,8 @@ SWITCHES: tuple[Switch, ...] = (
            "decode without a draft head even if --draft is set (the speedup baseline)"),
     Switch("--no-prefix-caching", "cache", "prefix_caching", False,
            "compute every prompt in full instead of reusing the KV of earlier requests' equal prefixes"),
+    Switch("--no-grammar-drafting", "spec", "grammar_drafting", False,
+           "verify structured-output requests' draft trees as drafted (no grammar pruning or forced tokens)"),
 )
 _SWITCH_BY_DEST = {s.dest: s for s in SWITCHES}
 

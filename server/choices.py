@@ -17,11 +17,14 @@ from server.protocol import (
     ChatLogprobs,
     ChatTokenLogprob,
     CompletionLogprobs,
+    FunctionCall,
     PromptTokensDetails,
     SpecDecodeInfo,
+    ToolCallOut,
     TopLogprob,
     Usage,
 )
+from server.tools import ToolCall
 
 
 class TokenTexts:
@@ -139,6 +142,10 @@ class ChoiceState:
             self.logprobs.extend(out.new_logprobs)
         if out.finished:
             self.finish_reason = out.finish_reason
+
+
+def tool_call_out(call: ToolCall) -> ToolCallOut:
+    return ToolCallOut(id=call.id, function=FunctionCall(name=call.name, arguments=call.arguments))
 
 
 def spec_info(spec: SpecStats) -> SpecDecodeInfo:

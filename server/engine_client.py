@@ -186,17 +186,19 @@ class EngineClient:
         self.require_ready()
         return self.engine.tokenizer
 
-    def chat_prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        """Token ids of a chat conversation followed by the assistant's turn header.
+    def chat_prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """Token ids of a chat conversation followed by the assistant's turn header (`tools`,
+        OpenAI's list, for templates that render them).
 
         Runs on the caller's thread, which keeps the engine loop free of this work: the engine's
         tokenizer is a SharedTokenizer (eagle_core/shared_tokenizer.py), whose lock orders these
         calls with the engine thread's encoding and detokenizing."""
         self.require_ready()
+        extra = {"tools": tools} if tools else {}
         if hasattr(self.engine, "apply_chat_template"):
-            return list(self.engine.apply_chat_template(messages))
+            return list(self.engine.apply_chat_template(messages, **extra))
         ids = self.engine.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True
+            messages, add_generation_prompt=True, tokenize=True, **extra
         )
         return list(ids["input_ids"] if isinstance(ids, dict) else ids)
 

@@ -1,8 +1,8 @@
 """Pydantic models of the OpenAI request and response bodies this server speaks.
 
 Requests ignore unknown fields, so newer clients keep working, except for the OpenAI features
-that change what a client expects back and this server does not implement (tool calls): those
-are a 400 rather than free text the client cannot parse. An explicit null means the field's default
+that change what a client expects back and this server does not implement (legacy `functions`,
+tools on completions): those are a 400 rather than free text the client cannot parse. An explicit null means the field's default
 where null is not itself a value of the field. Pydantic checks only shapes and types here;
 value ranges (temperature in [0, 2], ...) are checked once, by eagle_core.SamplingParams, whose
 errors name the parameter.
@@ -14,11 +14,19 @@ import json
 import time
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 
 from eagle_core.errors import InvalidRequestError
 from eagle_core.sampling_params import Grammar, SamplingParams
+from server.tools import Tool, ToolMode, call_grammar, parse_tools, render_messages, tool_mode
 
 MAX_N = 64  # more choices than this per request is almost surely a client bug
 
@@ -70,8 +78,12 @@ class ChatMessage(_Request):
     )
 
     # "developer" is OpenAI's newer name for "system"; templates only know "system".
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    """An assistant turn's calls: [{"id", "type": "function", "function": {"name", "arguments"}}]."""
+    tool_call_id: str | None = None
+    """A tool turn's answer to this call."""
 
     @field_validator("content", mode="before")
     @classmethod
@@ -103,9 +115,38 @@ class ChatMessage(_Request):
             return self.content
         return "".join(part.text for part in self.content)
 
-    def to_template(self) -> dict[str, str]:
+    @field_validator("tool_calls")
+    @classmethod
+    def _function_calls(cls, calls: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for call in calls or []:
+            function = call.get("function")
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise ValueError("a tool call needs 'function': {'name': ..., 'arguments': ...}")
+        return calls
+
+    def to_template(self) -> dict[str, Any]:
+        """The message as chat templates take it; tool calls carry their arguments as objects
+        (templates that render calls write them out as JSON)."""
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": self.text()}
+        message: dict[str, Any] = {"role": role, "content": self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {**call, "function": {**call["function"], "arguments": _arguments(call["function"].get("arguments"))}}
+                for call in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+def _arguments(arguments: Any) -> Any:
+    """A call's arguments as an object: OpenAI sends them as JSON text."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments if arguments is not None else {}
 
 
 class _SamplingRequest(_Request):
@@ -150,10 +191,8 @@ class _SamplingRequest(_Request):
         raise NotImplementedError
 
     def _check_supported(self) -> None:
-        """A tool-calling client that got free text back would fail later and obscurely; a 400
-        naming the field tells it at once."""
-        if self.tools and self.tool_choice != "none":
-            raise InvalidRequestError("tools (function calling) are not supported by this server", "tools")
+        """A client of a feature this server lacks that got free text back would fail later and
+        obscurely; a 400 naming the field tells it at once."""
         if self.functions:
             raise InvalidRequestError("functions (function calling) are not supported by this server", "functions")
         if self.stream_options is not None and not self.stream:
@@ -184,8 +223,11 @@ class _SamplingRequest(_Request):
         kwargs["stop"] = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         kwargs["stop_token_ids"] = list(self.stop_token_ids or [])
         kwargs["logit_bias"] = _token_bias(self.logit_bias or {})
-        kwargs["grammar"] = response_grammar(self.response_format)
+        kwargs["grammar"] = self._grammar()
         return SamplingParams(**kwargs)
+
+    def _grammar(self) -> Grammar | None:
+        return response_grammar(self.response_format)
 
 
 def response_grammar(response_format: dict[str, Any] | None) -> Grammar | None:
@@ -207,7 +249,7 @@ def response_grammar(response_format: dict[str, Any] | None) -> Grammar | None:
         raise InvalidRequestError(
             "response_format json_schema needs a 'json_schema' object with a 'schema' object", "response_format"
         )
-    return Grammar("json_schema", json.dumps(spec["schema"], sort_keys=True))
+    return Grammar("json_schema", json.dumps(spec["schema"]))  # key order kept: it orders the output
 
 
 def _token_bias(bias: dict[str, float]) -> dict[int, float]:
@@ -222,6 +264,8 @@ def _token_bias(bias: dict[str, float]) -> dict[int, float]:
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
+    parallel_tool_calls: bool | None = None
+    """False: a required tool_choice makes exactly one call (default: one or more)."""
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
@@ -247,8 +291,26 @@ class ChatCompletionRequest(_SamplingRequest):
             raise InvalidRequestError(f"top_logprobs must be in [0, 20], got {self.top_logprobs}", "top_logprobs")
         return self.top_logprobs or 0
 
-    def template_messages(self) -> list[dict[str, str]]:
-        return [m.to_template() for m in self.messages]
+    def tool_list(self) -> list[Tool]:
+        return parse_tools(self.tools)
+
+    def tool_mode(self) -> ToolMode:
+        return tool_mode(self.tool_choice, self.tool_list())
+
+    def _grammar(self) -> Grammar | None:
+        calls = call_grammar(self.tool_mode(), self.tool_list(), self.parallel_tool_calls is not False)
+        if calls is None:
+            return response_grammar(self.response_format)
+        if response_grammar(self.response_format) is not None:
+            raise InvalidRequestError("a response_format cannot be combined with a required or named tool_choice", "response_format")
+        return calls
+
+    def template_messages(self, native_tools: bool = False) -> list[dict[str, Any]]:
+        """The conversation as the chat template takes it; with tools, see server/tools.py."""
+        messages = [m.to_template() for m in self.messages]
+        tools = self.tool_list()
+        uses_tools = tools or any(m.role == "tool" or m.tool_calls for m in self.messages)
+        return render_messages(messages, tools, native_tools) if uses_tools else messages
 
 
 class CompletionRequest(_SamplingRequest):
@@ -266,6 +328,11 @@ class CompletionRequest(_SamplingRequest):
 
     def _logprobs(self) -> int | None:
         return self.logprobs
+
+    def _check_supported(self) -> None:
+        super()._check_supported()
+        if self.tools and self.tool_choice != "none":
+            raise InvalidRequestError("tools are only supported on /v1/chat/completions", "tools")
 
     def prompts(self) -> list[str | list[int]]:
         if self.echo:
@@ -340,9 +407,30 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+    """JSON text."""
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
+    """Left out of the body when there are none, as OpenAI does."""
+
+    @model_serializer(mode="wrap")
+    def _without_empty_tool_calls(self, handler) -> dict[str, Any]:
+        data = handler(self)
+        if data.get("tool_calls") is None:
+            data.pop("tool_calls", None)
+        return data
 
 
 class ChatChoice(BaseModel):
@@ -379,9 +467,15 @@ class CompletionResponse(BaseModel):
     usage: Usage
 
 
+class DeltaToolCall(ToolCallOut):
+    index: int
+    """Position of the call in the message's tool_calls (OpenAI's stream accumulates by it)."""
+
+
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(BaseModel):

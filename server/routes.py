@@ -28,6 +28,7 @@ from server.choices import (
     chat_logprobs,
     completion_logprobs,
     spec_info,
+    tool_call_out,
     usage_of,
 )
 from server.engine_client import EngineClient, RequestStream
@@ -54,6 +55,7 @@ from server.protocol import (
 from server.settings import ServerSettings
 from server.shutdown import Drain
 from server.streaming import StreamMeta, chat_stream, completion_stream
+from server.tools import answer, template_has_tools
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -360,7 +362,11 @@ async def chat_completions(request: Request) -> Response:
     model = _check_model(request, req.model)
     params = [req.sampling_params(i) for i in range(req.n)]
     client = _client(request)
-    prompt_ids = client.chat_prompt_ids(req.template_messages())
+    tools, mode = req.tool_list(), req.tool_mode()
+    native = template_has_tools(client.tokenizer)
+    prompt_ids = client.chat_prompt_ids(
+        req.template_messages(native), [t.as_openai() for t in tools] if native and tools else None
+    )
     request_id = _new_id("chatcmpl")
     try:
         stream = await client.submit(request_id, [prompt_ids] * req.n, params)
@@ -373,19 +379,20 @@ async def chat_completions(request: Request) -> Response:
         meta = _stream_meta(
             request, request_id, model, req.n, req.n, req.include_usage, want_logprobs
         )
+        meta.tools, meta.tool_mode = tools, mode
         return chat_stream(stream, meta, _drain(request))
     states = await _collect(request, stream, req.n)
     texts = _token_texts(request) if want_logprobs else None
-    choices = [
-        ChatChoice(
+    choices = []
+    for i, s in enumerate(states):
+        content, calls, finish_reason = answer(mode, s.text, tools, s.finish_reason)
+        choices.append(ChatChoice(
             index=i,
-            message=ResponseMessage(content=s.text),
+            message=ResponseMessage(content=content, tool_calls=[tool_call_out(c) for c in calls] or None),
             logprobs=chat_logprobs(s.logprobs, texts) if texts else None,
-            finish_reason=s.finish_reason,
+            finish_reason=finish_reason,
             spec_decode=spec_info(s.spec),
-        )
-        for i, s in enumerate(states)
-    ]
+        ))
     body = ChatCompletionResponse(
         id=request_id, model=model, choices=choices, usage=usage_of(states, req.n)
     )

@@ -20,7 +20,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
@@ -32,6 +32,7 @@ from server.choices import (
     chat_logprobs,
     completion_logprobs,
     spec_info,
+    tool_call_out,
     usage_of,
 )
 from server.engine_client import EngineStepError, RequestStream
@@ -43,8 +44,10 @@ from server.protocol import (
     CompletionChunk,
     CompletionChunkChoice,
     DeltaMessage,
+    DeltaToolCall,
 )
 from server.shutdown import Drain
+from server.tools import Tool, ToolMode, ToolStream
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +68,9 @@ class StreamMeta:
     token_texts: TokenTexts
     observer: StreamObserver | None = None
     """Times content chunks and records a failure that ends the stream (metrics)."""
+    tools: list[Tool] = field(default_factory=list)
+    tool_mode: ToolMode = ToolMode("none")
+    """Chat with tools: content is held back where tool calls may come (server/tools.py)."""
 
 
 def _event(chunk: BaseModel, include_usage: bool) -> dict[str, str]:
@@ -144,11 +150,13 @@ async def _chat_events(stream: RequestStream, meta: StreamMeta) -> AsyncIterator
         )
 
     states = [ChoiceState() for _ in range(meta.num_choices)]
+    held = [ToolStream(meta.tool_mode, meta.tools) if meta.tool_mode.kind != "none" else None for _ in states]
     for i in range(meta.num_choices):
         yield chunk(ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content="")))
     async for i, out in stream:
         states[i].update(out)
-        if out.new_text or (meta.want_logprobs and out.new_logprobs):
+        text = held[i].content(states[i].text) if held[i] is not None else out.new_text
+        if text or (meta.want_logprobs and out.new_logprobs):
             logprobs = (
                 chat_logprobs(out.new_logprobs, meta.token_texts)
                 if meta.want_logprobs and out.new_logprobs
@@ -157,15 +165,23 @@ async def _chat_events(stream: RequestStream, meta: StreamMeta) -> AsyncIterator
             _observe_chunk(meta, i)
             yield chunk(
                 ChatChunkChoice(
-                    index=i, delta=DeltaMessage(content=out.new_text), logprobs=logprobs
+                    index=i, delta=DeltaMessage(content=text), logprobs=logprobs
                 )
             )
         if out.finished:
+            finish_reason = out.finish_reason
+            if held[i] is not None:
+                rest, calls, finish_reason = held[i].finish(states[i].text, out.finish_reason)
+                if rest:
+                    yield chunk(ChatChunkChoice(index=i, delta=DeltaMessage(content=rest)))
+                if calls:
+                    deltas = [DeltaToolCall(index=k, **tool_call_out(c).model_dump()) for k, c in enumerate(calls)]
+                    yield chunk(ChatChunkChoice(index=i, delta=DeltaMessage(tool_calls=deltas)))
             yield chunk(
                 ChatChunkChoice(
                     index=i,
                     delta=DeltaMessage(),
-                    finish_reason=out.finish_reason,
+                    finish_reason=finish_reason,
                     spec_decode=spec_info(out.spec),
                 )
             )

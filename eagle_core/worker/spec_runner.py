@@ -33,11 +33,15 @@ from eagle_core.worker.sampler import Sampler
 
 
 class SpecRunner:
-    def __init__(self, target: TargetModel, sampler: Sampler, drafter: Drafter, lookup: ContextLookup):
+    def __init__(
+        self, target: TargetModel, sampler: Sampler, drafter: Drafter, lookup: ContextLookup, grammar_drafting: bool = True
+    ):
         self.target = target
         self.sampler = sampler
         self.drafter = drafter
         self.lookup = lookup
+        self.grammar_drafting = grammar_drafting
+        """Prune trees by their request's grammar and add its forced tokens (SpecConfig)."""
 
     def execute(self, batch: ScheduledBatch) -> StepResult:
         self.sampler.drop(batch.finished_request_ids)
@@ -58,6 +62,8 @@ class SpecRunner:
             trees = dict(zip(head_rows, self.drafter.build_trees([works[i] for i in head_rows], root_hidden, root_top)))
         if self.lookup.max_tokens:
             self._graft_lookup(works, trees)
+        if self.grammar_drafting and self.sampler.grammars is not None:
+            self._constrain_trees(works, trees)
 
         plain = [i for i in range(len(works)) if i not in trees]
         groups, offsets = self._groups(works, plain, trees)
@@ -158,6 +164,37 @@ class SpecRunner:
                 trees[i] = DraftTree.from_parents(
                     torch.tensor([token_ids], device=self.drafter.device),  # [1, N]
                     torch.tensor([parents], device=self.drafter.device),  # [1, N]
+                )
+
+    def _constrain_trees(self, works: list[SeqWork], trees: dict[int, DraftTree]) -> None:
+        """Structured-output decode steps: their trees without the nodes the grammar forbids,
+        plus the tokens it forces (GrammarMasks.constrain_tree); a tree left with its root
+        alone is dropped (the step decodes plainly)."""
+        rows = [i for i, w in enumerate(works) if w.params.grammar is not None and w.sample and w.num_draft_slots > 0]
+        if not rows:
+            return
+        on_device = [i for i in rows if i in trees]
+        host = [[], []]
+        if on_device:  # one transfer for every such tree
+            host = torch.cat([torch.stack([trees[i].token_ids[0], trees[i].parents[0]]) for i in on_device], 1).tolist()
+        start = 0
+        for i in rows:
+            work = works[i]
+            if i in trees:
+                end = start + trees[i].num_nodes
+                tokens, parents = host[0][start:end], host[1][start:end]
+                start = end
+            else:
+                tokens, parents = [work.token_ids[-1]], [-1]
+            new_tokens, new_parents = self.sampler.grammars.constrain_tree(
+                work.request_id, work.params.grammar, work.output_token_ids, tokens, parents, work.num_draft_slots
+            )
+            if len(new_tokens) == 1:
+                trees.pop(i, None)
+            elif (new_tokens, new_parents) != (tokens, parents):
+                trees[i] = DraftTree.from_parents(
+                    torch.tensor([new_tokens], device=self.drafter.device),  # [1, N]
+                    torch.tensor([new_parents], device=self.drafter.device),  # [1, N]
                 )
 
     @staticmethod

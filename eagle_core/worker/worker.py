@@ -188,7 +188,9 @@ class Worker:
             spec.draft, self.draft_head.kind, ", int8 weights" if quantized else "",
             spec.num_draft_tokens, spec.depth, spec.top_k, spec.lookup_tokens, _drafting_rule(spec),
         )
-        return SpecRunner(self.target, self.sampler, drafter, ContextLookup(spec.lookup_tokens))
+        return SpecRunner(
+            self.target, self.sampler, drafter, ContextLookup(spec.lookup_tokens), grammar_drafting=spec.grammar_drafting
+        )
 
 
 def compile_settings(model: ModelConfig, device: torch.device) -> CompileSettings | None:

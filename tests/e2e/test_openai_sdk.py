@@ -213,3 +213,78 @@ def test_a_schema_the_grammar_engine_refuses_is_a_400_with_its_reason(sdk):
         sdk.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=5, response_format=fmt)
     assert err.value.body["param"] == "response_format"
     assert "json_schema" in err.value.body["message"]
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
+                   "required": ["city"], "additionalProperties": False}}}
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_time", "description": "The current time in a time zone",
+    "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET", "PST"]}},
+                   "required": ["zone"], "additionalProperties": False}}}
+ASK = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
+
+
+def _calls_of_stream(chunks) -> tuple[list[dict], str | None]:
+    """Tool calls accumulated from a stream's deltas by index, as the SDK's helpers do."""
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in chunks:
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] += delta.id or ""
+                call["name"] += delta.function.name or ""
+                call["arguments"] += delta.function.arguments or ""
+            finish = choice.finish_reason or finish
+    return [calls[k] for k in sorted(calls)], finish
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_required_and_named_tool_choices_always_return_valid_calls(sdk, tool_choice):
+    """One call each (parallel_tool_calls false: with parallel calls allowed this 135M model
+    repeats its call until max_tokens at T=0)."""
+    import json
+
+    import jsonschema
+
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER_TOOL, TIME_TOOL)}
+    for temperature in (0.0, 1.0):
+        kwargs = dict(model="smollm2", messages=ASK, tools=[WEATHER_TOOL, TIME_TOOL], tool_choice=tool_choice,
+                      max_tokens=120, temperature=temperature, seed=5, parallel_tool_calls=False)
+        resp = sdk.chat.completions.create(**kwargs)
+        choice = resp.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        assert choice.message.tool_calls
+        for call in choice.message.tool_calls:
+            assert call.id.startswith("call_") and call.type == "function"
+            jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+        if isinstance(tool_choice, dict):
+            assert [c.function.name for c in choice.message.tool_calls] == ["get_weather"]
+        streamed, finish = _calls_of_stream(sdk.chat.completions.create(**kwargs, stream=True))
+        assert finish == "tool_calls"
+        assert [(c["name"], c["arguments"]) for c in streamed] == [
+            (c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+
+
+def test_auto_answers_text_or_calls_and_a_tool_conversation_completes(sdk):
+    auto = sdk.chat.completions.create(model="smollm2", messages=ASK, tools=[WEATHER_TOOL], max_tokens=120, temperature=0)
+    message = auto.choices[0].message
+    assert (message.tool_calls and auto.choices[0].finish_reason == "tool_calls") or (
+        message.content and auto.choices[0].finish_reason in ("stop", "length"))
+    first = sdk.chat.completions.create(model="smollm2", messages=ASK, tools=[WEATHER_TOOL], tool_choice="required",
+                                        parallel_tool_calls=False, max_tokens=120, temperature=0)
+    call = first.choices[0].message.tool_calls[0]
+    follow_up = [*ASK, first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 18, "sky": "sunny"}'}]
+    for stream in (False, True):
+        kwargs = dict(model="smollm2", messages=follow_up, tools=[WEATHER_TOOL], tool_choice="none",
+                      max_tokens=60, temperature=0)
+        if stream:
+            text = "".join(c.choices[0].delta.content or "" for c in sdk.chat.completions.create(**kwargs, stream=True) if c.choices)
+        else:
+            reply = sdk.chat.completions.create(**kwargs)
+            text = reply.choices[0].message.content
+            assert reply.choices[0].finish_reason in ("stop", "length") and not reply.choices[0].message.tool_calls
+        assert text.strip()

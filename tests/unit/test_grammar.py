@@ -106,3 +106,22 @@ def test_a_grammar_makes_params_adjust_logits():
     assert SamplingParams(temperature=0, grammar=Grammar("json_object")).adjusts_logits
     with pytest.raises(InvalidRequestError):
         Grammar("yaml")
+
+
+def test_constrain_tree_drops_forbidden_subtrees_and_adds_forced_tokens(compiler, tokenizer):
+    """Tree (root r): r -> '{' -> '"' and r -> 'x' -> '{'. 'x' cannot start a JSON object, so it
+    goes with its child. The schema forces '{"a": ' from the start: the forced chain follows the
+    kept '{' and '"' nodes and continues below them while room is left."""
+    grammar = Grammar("json_schema", json.dumps(SCHEMA))
+    masks = GrammarMasks(compiler)
+    brace, quote = (tokenizer.convert_tokens_to_ids(t) for t in ("{", '"'))
+    x = tokenizer.encode("x", add_special_tokens=False)[0]
+    root = 7  # the request has no output yet: the root is the prompt's last token
+    forced = compiler.matcher(grammar).compute_ff_tokens()
+    assert forced[:2] == [brace, quote] and len(forced) >= 4
+    tokens, parents = masks.constrain_tree("t", grammar, [], [root, brace, quote, x, brace], [-1, 0, 1, 0, 3], room=4)
+    assert tokens == [root, brace, quote, *forced[2:4]] and parents == [-1, 0, 1, 2, 3]
+    tokens, parents = masks.constrain_tree("t", grammar, [], [root, brace, quote, x, brace], [-1, 0, 1, 0, 3], room=2)
+    assert tokens == [root, brace, quote] and parents == [-1, 0, 1]
+    chain, chain_parents = masks.constrain_tree("t", grammar, [], [root], [-1], room=3)
+    assert chain == [root, *forced[:3]] and chain_parents == [-1, 0, 1, 2]
