@@ -205,6 +205,12 @@ def test_json_schema_answers_parse_and_validate_streamed_or_not(sdk):
         model="smollm2", messages=messages, max_tokens=200, temperature=0, response_format={"type": "json_object"}
     )
     assert isinstance(json.loads(obj.choices[0].message.content), dict)
+    # n > 1 with logprobs: every choice is a document, its logprobs one per token
+    many = sdk.chat.completions.create(model="smollm2", messages=messages, max_tokens=200, temperature=1.0, seed=3, n=2,
+                                       logprobs=True, response_format=fmt)
+    for choice in many.choices:
+        jsonschema.validate(json.loads(choice.message.content), PERSON)
+    assert sum(len(c.logprobs.content) for c in many.choices) == many.usage.completion_tokens
 
 
 def test_a_schema_the_grammar_engine_refuses_is_a_400_with_its_reason(sdk):
