@@ -41,6 +41,7 @@ def test_constrained_text_is_identical_with_and_without_speculation(bigram, gram
     for params in (
         SamplingParams(temperature=0, max_tokens=30, grammar=grammar),
         SamplingParams(temperature=1.0, seed=3, max_tokens=30, grammar=grammar, presence_penalty=0.4),
+        SamplingParams(temperature=0.7, seed=4, max_tokens=30, grammar=grammar, stop=('",',), logprobs=2),
     ):
         plain = run_staggered(make_engine(target), prompts, params)
         rates = {}
