@@ -6,7 +6,7 @@ Public API: Engine and its config classes for serving; LLM for offline batch gen
 from eagle_core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, SpecConfig
 from eagle_core.errors import InvalidRequestError, ModelLoadError
 from eagle_core.outputs import RequestOutput, SpecStats
-from eagle_core.sampling_params import SamplingParams
+from eagle_core.sampling_params import Grammar, SamplingParams
 
 # Engine and LLM pull in torch and transformers (seconds to import): load them on first use so
 # that reading a config (the server's CLI, health endpoint) stays instant. PEP 562.
@@ -26,6 +26,7 @@ __all__ = [
     "CompletionOutput",
     "Engine",
     "EngineConfig",
+    "Grammar",
     "InvalidRequestError",
     "ModelConfig",
     "ModelLoadError",

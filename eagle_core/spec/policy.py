@@ -342,12 +342,12 @@ class SpeculationPolicy:
                 owed += self._owed(work.request_id, work.start_pos)
                 self.fed[work.request_id] = work.start_pos
                 self.acceptance.record_head(work.request_id, is_greedy, seq_result.num_accepted_tokens)
-            elif work.num_draft_slots:
+            elif work.num_draft_slots and not work.drafts_with_head:
                 rows += 1 + seq_result.num_draft_tokens
                 self.acceptance.record_lookup(
                     work.request_id, is_greedy, seq_result.num_accepted_tokens, seq_result.num_draft_tokens
                 )
-            else:
+            else:  # plain, or a head tree that came to nothing (all of it forbidden by a grammar)
                 rows += 1
         if decode_only and rows:
             self.costs.observe(rows, drafting, seconds, owed)

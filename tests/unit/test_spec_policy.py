@@ -166,6 +166,17 @@ def test_observed_steps_move_the_tables_and_the_acceptance():
     assert policy.costs.step(2, 0) == pytest.approx(0.010, rel=0.02)
 
 
+def test_a_head_tree_that_came_to_nothing_is_not_taken_for_a_failed_lookup_chain():
+    """A grammar may forbid a whole head tree: the step verified nothing for that sequence, which
+    says nothing about its context lookup."""
+    policy = SpeculationPolicy(costs())
+    prior = policy.acceptance.lookup("a", True)
+    policy.observe(ScheduledBatch([work("a", 7)]), StepResult({"a": SeqResult("a", [1])}), 0.020)
+    assert policy.acceptance.lookup("a", True) == prior and "a" not in policy.acceptance.requests
+    policy.observe(ScheduledBatch([work("a", 7, skip="batch_size")]), StepResult({"a": SeqResult("a", [1, 2], 3, 1)}), 0.020)
+    assert policy.acceptance.lookup("a", True) == (1.0, 3.0)
+
+
 def test_owing_the_head_a_long_context_costs_what_feeding_it_costs():
     policy = SpeculationPolicy(StepCosts({1: 0.020, 8: 0.024}, {1: 0.030, 8: 0.070}, feed=0.001), max_owed=272)
     record(policy, ["new", "warm"], 1.5)
