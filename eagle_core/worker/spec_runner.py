@@ -145,20 +145,9 @@ class SpecRunner:
             chain = self.lookup.chain(work.request_id, work.prompt_token_ids, work.output_token_ids)
             if chain:
                 grafts[i] = (chain, room)
-        on_head = [i for i in grafts if i in trees]
-        # The head's trees come to the host in one transfer: on a GPU each transfer waits for
-        # the queued draft forwards, so one per sequence would stall the step that many times.
-        host = [[], []]
-        if on_head:
-            host = torch.cat([torch.stack([trees[i].token_ids[0], trees[i].parents[0]]) for i in on_head], 1).tolist()
-        start = 0
+        host = _host_trees(works, trees, list(grafts))
         for i, (chain, room) in grafts.items():
-            if i in trees:
-                end = start + trees[i].num_nodes
-                tree_tokens, tree_parents = host[0][start:end], host[1][start:end]
-                start = end
-            else:
-                tree_tokens, tree_parents = [works[i].token_ids[-1]], [-1]  # the root alone
+            tree_tokens, tree_parents = host[i]
             token_ids, parents = graft_chain(tree_tokens, tree_parents, chain, room)
             if len(token_ids) > len(tree_tokens):
                 trees[i] = DraftTree.from_parents(
@@ -173,19 +162,10 @@ class SpecRunner:
         rows = [i for i, w in enumerate(works) if w.params.grammar is not None and w.sample and w.num_draft_slots > 0]
         if not rows:
             return
-        on_device = [i for i in rows if i in trees]
-        host = [[], []]
-        if on_device:  # one transfer for every such tree
-            host = torch.cat([torch.stack([trees[i].token_ids[0], trees[i].parents[0]]) for i in on_device], 1).tolist()
-        start = 0
+        host = _host_trees(works, trees, rows)
         for i in rows:
             work = works[i]
-            if i in trees:
-                end = start + trees[i].num_nodes
-                tokens, parents = host[0][start:end], host[1][start:end]
-                start = end
-            else:
-                tokens, parents = [work.token_ids[-1]], [-1]
+            tokens, parents = host[i]
             new_tokens, new_parents = self.sampler.grammars.constrain_tree(
                 work.request_id, work.params.grammar, work.output_token_ids, tokens, parents, work.num_draft_slots
             )
@@ -303,6 +283,25 @@ class SpecRunner:
         if src:
             device = features.device
             self.target.kv.move(torch.tensor(src, device=device), torch.tensor(dst, device=device))
+
+
+def _host_trees(works: list[SeqWork], trees: dict[int, DraftTree], rows: list[int]) -> dict[int, tuple[list[int], list[int]]]:
+    """Row -> (token ids, parent indices) of its tree, or of its root alone where it has none.
+    The trees come to the host in one transfer: on a GPU each transfer waits for the queued
+    draft forwards, so one per sequence would stall the step that many times."""
+    on_device = [i for i in rows if i in trees]
+    host: list[list[int]] = [[], []]
+    if on_device:
+        host = torch.cat([torch.stack([trees[i].token_ids[0], trees[i].parents[0]]) for i in on_device], 1).tolist()
+    out, start = {}, 0
+    for i in rows:
+        if i in trees:
+            end = start + trees[i].num_nodes
+            out[i] = (host[0][start:end], host[1][start:end])
+            start = end
+        else:
+            out[i] = ([works[i].token_ids[-1]], [-1])  # the root alone
+    return out
 
 
 def _padded_trees(trees: list[DraftTree]) -> DraftTree:
