@@ -7,7 +7,8 @@ Each of C "clients" keeps one request in flight: as soon as an answer ends (EOS 
 the next MT-bench first turn is added, as `bench.serve_bench`'s concurrency sweep does over HTTP.
 Answers end at different times, so the running count varies. Engines on the same model: plain
 decoding, and one EAGLE engine per variant: "policy" (the default: the speculation policy
-chooses who drafts), "pinned-N" (--spec-max-batch N --lookup-max-batch N), "always"
+chooses who drafts and the trees' size), "tree-N" or "tree-N/D/K" (the policy with the tree
+pinned: --num-draft-tokens N [--draft-depth D --draft-top-k K]), "pinned-N" (--spec-max-batch N --lookup-max-batch N), "always"
 (--spec-max-batch 0). Each round runs the same questions (--per-round, default 2 x C, at least
 6) through every engine, the order rotating. Comparing this with the HTTP sweep separates the
 engine's behaviour from the server's. Writes bench/results/closed-loop-<date>-<machine>.json and its plot (.png).
@@ -51,12 +52,21 @@ def variant_spec(name: str, draft: str) -> SpecConfig:
     """The EAGLE engine's SpecConfig for a variant name (see the module docstring)."""
     if name == "policy":
         return SpecConfig(draft=draft)
+    if name.startswith("tree-"):  # tree-N or tree-N/D/K
+        shape = [int(x) for x in name.removeprefix("tree-").split("/")]
+        return SpecConfig(draft=draft, **dict(zip(("num_draft_tokens", "depth", "top_k"), shape)))
     if name == "always":
         return SpecConfig(draft=draft, max_batch=0)
     if name.startswith("pinned-"):
         limit = int(name.removeprefix("pinned-"))
         return SpecConfig(draft=draft, max_batch=limit, lookup_max_batch=limit)
-    raise SystemExit(f"unknown variant {name!r}: policy, always or pinned-N")
+    raise SystemExit(f"unknown variant {name!r}: policy, tree-N, always or pinned-N")
+
+
+def tree_sizes(llm: LLM) -> dict[int, int]:
+    """Steps the engine's policy let the head draft, by tree size, so far ({} without a policy)."""
+    policy = llm.engine.policy
+    return dict(policy.steps_by_tree_nodes) if policy is not None else {}
 
 
 def main() -> None:
@@ -64,7 +74,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--draft", default="eagle_core/heads/smollm2-135m-eagle")
-    parser.add_argument("--variants", nargs="+", default=["policy"], help="EAGLE engines: policy, always, pinned-N")
+    parser.add_argument("--variants", nargs="+", default=["policy"], help="EAGLE engines: policy, tree-N, always, pinned-N")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--temperature", type=float, nargs="+", default=[0.0])
     parser.add_argument("--rounds", type=int, default=2)
@@ -93,6 +103,7 @@ def main() -> None:
             per_round = args.per_round or max(6, 2 * concurrency)
             totals = {name: {"tokens": 0, "seconds": 0.0, "steps": 0} for name in engines}
             before = {name: llm.engine.spec_counters.num_drafts for name, llm in engines.items()}
+            sizes_before = {name: tree_sizes(llm) for name, llm in engines.items()}
             for r in range(args.rounds):
                 first = (args.first + r * per_round) % len(questions)
                 prompts = (questions[first:] + questions)[:per_round]
@@ -107,6 +118,10 @@ def main() -> None:
                    **{f"{name}_tok_s": rate for name, rate in rates.items()},
                    **{f"{name}_vs_plain": rates[name] / rates["plain"] for name in args.variants},
                    **{f"{name}_drafted_steps": engines[name].engine.spec_counters.num_drafts - before[name]
+                      for name in args.variants},
+                   **{f"{name}_steps_by_tree_nodes": {n: steps - sizes_before[name].get(n, 0)
+                                                      for n, steps in tree_sizes(engines[name]).items()
+                                                      if steps > sizes_before[name].get(n, 0)}
                       for name in args.variants},
                    "totals": totals}
             rows.append(row)

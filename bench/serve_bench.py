@@ -535,19 +535,20 @@ def request_summary(row: dict) -> dict:
 
 
 def settings_of(args: argparse.Namespace) -> dict:
+    from eagle_core.config import SPEC_DEFAULTS as defaults
+    from eagle_core.config import SpecConfig
     from eagle_core.worker.loader import dtype_name, resolve_device, resolve_dtype
-    from eagle_core.worker.worker import spec_defaults
 
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     device = resolve_device(args.device)  # as the servers will (they fail alike if it is absent)
     dtype = resolve_dtype(args.dtype, device)
     settings["resolved_device"] = str(device)
     settings["resolved_dtype"] = dtype_name(dtype)
-    defaults = spec_defaults(device, dtype)  # the servers' tree unless --spec-args sets one
+    # the servers' largest tree unless --spec-args sets one
     settings["tree"] = {"num_draft_tokens": defaults.num_draft_tokens, "depth": defaults.depth, "top_k": defaults.top_k,
                         "lookup_tokens": defaults.lookup_tokens, "overridden_by_spec_args": bool(args.spec_args)}
-    settings["spec_max_batch"] = defaults.max_batch
-    settings["lookup_max_batch"] = defaults.lookup_max_batch
+    settings["spec_max_batch"] = SpecConfig.max_batch
+    settings["lookup_max_batch"] = SpecConfig.lookup_max_batch
     settings["draft"] = str(Path(args.draft).resolve())
     return settings
 

@@ -45,7 +45,8 @@ class SeqWork:
     """True when token_ids end at the last known token: the worker must return new tokens."""
     num_draft_slots: int
     """KV slots reserved past token_ids for this step's draft tree (0 = plain decoding): the
-    draft head's tree, then context lookup's tokens (spec/lookup.py) where budget was left."""
+    draft head's tree (`num_tree_slots`), then context lookup's tokens (spec/lookup.py) where
+    budget was left."""
     params: SamplingParams
     prompt_token_ids: list[int]
     output_token_ids: list[int]
@@ -62,6 +63,9 @@ class SeqWork:
     num_preemptions: int = 0
     """Times the sequence was preempted: its KV was freed and is being recomputed (or taken from
     the prefix cache) since the last change; state the worker derived from it starts over."""
+    num_tree_slots: int = 0
+    """Of num_draft_slots, those of the draft head's tree: its nodes past the root (the size the
+    speculation policy chose for this step, or less where KV room or budget fell short)."""
     draft_skip_reason: str | None = None
     """Why a decode step of a speculating engine gets no tree from the draft head ("length_cap",
     "token_budget", "batch_size", "kv_cache"); None otherwise. A "batch_size" step may still
@@ -88,7 +92,7 @@ class SeqWork:
     @property
     def drafts_with_head(self) -> bool:
         """The draft head builds this step's tree (else it is plain decoding, or lookup only)."""
-        return self.num_draft_slots > 0 and self.draft_skip_reason is None
+        return self.num_tree_slots > 0 and self.draft_skip_reason is None
 
 
 @dataclass
@@ -126,6 +130,10 @@ class SeqResult:
     logprobs: list[TokenLogprob] | None = None
     accepted_nodes: list[int] = field(default_factory=list)
     """Tree node indices of the accepted drafts (worker-internal: used for KV compaction)."""
+    accepted_ranks: list[int] | None = None
+    """The accepted drafts' ranks in their step's score order (DraftTree.ranks): a head tree of
+    n nodes would have accepted those up to the first of rank n or more. None without a head
+    tree, or where the tree's ranks are unknown."""
 
 
 @dataclass

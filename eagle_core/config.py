@@ -128,8 +128,9 @@ DRAFT_QUANTIZATIONS = ("auto", "int8", "none")
 
 
 class SpecDefaults(NamedTuple):
-    """What SpecConfig's unset tree fields become on a given kind of hardware. Who drafts, and
-    when, is the speculation policy's choice (spec/policy.py), not a default."""
+    """What SpecConfig's unset tree fields become. Who drafts, when, and how large a tree up to
+    these are the speculation policy's choices (spec/policy.py), priced on the machine it runs
+    on, not defaults."""
 
     num_draft_tokens: int
     depth: int
@@ -138,14 +139,9 @@ class SpecDefaults(NamedTuple):
     """Context-lookup tokens verified beside the tree (0: none)."""
 
 
-WIDE_SPEC = SpecDefaults(num_draft_tokens=8, depth=3, top_k=3, lookup_tokens=8)
-"""For matmul units with throughput to spare at a few rows: GPUs, and CPUs computing bf16
-natively (AMX / AVX512-BF16). Sized for the shipped SmolLM2 head (its README.md has the tree
-table)."""
-NARROW_SPEC = SpecDefaults(num_draft_tokens=3, depth=2, top_k=2, lookup_tokens=8)
-"""For CPUs computing in fp32 (no native bf16, or asked for), where the target's forward grows
-steeply with the rows it verifies and each draft forward is dear (docs/benchmarks.md, "What the
-speculation defaults rest on")."""
+SPEC_DEFAULTS = SpecDefaults(num_draft_tokens=8, depth=3, top_k=3, lookup_tokens=8)
+"""The largest tree the policy drafts when no flag sets one: it picks each step's size from 2
+nodes up to this (fewer draft forwards for trees too small to reach `depth`)."""
 
 
 @dataclass(frozen=True)
@@ -153,11 +149,12 @@ class SpecConfig:
     draft: str | None = AUTO_DRAFT
     """Path of an EAGLE draft head; "auto" uses the shipped head of the default model (plain
     decoding for other models); None disables speculation."""
-    # The next four, left None, take the hardware's SpecDefaults at start-up
-    # (`with_defaults`, from worker.spec_defaults): WIDE_SPEC or NARROW_SPEC. Set any of them to
-    # override it.
+    # The next four, left None, take SPEC_DEFAULTS at start-up (`with_defaults`). Set any of
+    # them to override it.
     num_draft_tokens: int | None = None
-    """Tree size including the root (the last sampled token): tokens verified per sequence per step."""
+    """Tree size including the root (the last sampled token): the most tokens verified per
+    sequence per step. Unset, the speculation policy chooses each step's size up to the
+    default; set, every head tree has this size (KV room and budget permitting)."""
     depth: int | None = None
     """Draft forwards per step (levels of the tree)."""
     top_k: int | None = None

@@ -95,11 +95,16 @@ class Engine:
         self.block_manager = BlockManager(cache.kv_cache_tokens // cache.block_size, cache.block_size, cache.prefix_caching)
         spec = self.config.spec
         self.policy: SpeculationPolicy | None = None
-        """Chooses who drafts each step, unless --spec-max-batch pins it (spec/policy.py)."""
+        """Chooses who drafts each step and the trees' size, unless --spec-max-batch pins it
+        (spec/policy.py)."""
         if self.worker.num_tree_slots and spec.max_batch is None:
             costs = measure_step_costs(self.worker, self.config, self.block_manager)
             self.policy = SpeculationPolicy(
-                costs, lookup=spec.lookup_max_batch is None, max_owed=spec.feature_window + cache.block_size
+                costs,
+                max_tree_nodes=spec.num_draft_tokens,
+                choose_size=config.spec.num_draft_tokens is None,  # --num-draft-tokens pins the size
+                lookup=spec.lookup_max_batch is None,
+                max_owed=spec.feature_window + cache.block_size,
             )
         self.scheduler = Scheduler(
             self.config.scheduler,

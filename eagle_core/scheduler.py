@@ -4,8 +4,9 @@ Each step it decides which sequences run and how many tokens each computes, unde
 tokens per step (`max_num_batched_tokens`, draft-tree tokens included) and KV blocks. Policy:
 
 1. Running sequences first, oldest first. A decoding sequence computes its one last token plus
-   `num_draft_slots` tokens of the draft head's tree when it drafts this step (the speculation
-   policy's choice, spec/policy.py; or, pinned by --spec-max-batch, while at most
+   the tokens of the draft head's tree when it drafts this step (the speculation policy's
+   choice of who drafts and of the tree's size, at most `num_draft_slots` tokens past its root,
+   spec/policy.py; or, pinned by --spec-max-batch, a full-size tree while at most
    `max_spec_batch` sequences run); a sequence still prefilling computes its next chunk.
    When KV blocks run out, the newest running sequence is preempted: its blocks are freed and
    it goes back to the front of the waiting queue, to be recomputed later (prompt + output so
@@ -46,7 +47,7 @@ class Scheduler:
         self.config = config
         self.blocks = block_manager
         self.num_draft_slots = num_draft_slots
-        """The draft head's tree tokens per decoding sequence per step (tree size minus its root)."""
+        """Most draft head tree tokens per decoding sequence per step (tree size minus its root)."""
         self.num_lookup_slots = num_lookup_slots
         """Most context-lookup tokens per decoding sequence per step, from leftover budget."""
         self.max_lookup_batch = max_lookup_batch
@@ -112,13 +113,14 @@ class Scheduler:
         preempted = False
         choice = self._choose(budget)
         speculate = not self.max_spec_batch or len(self.running) <= self.max_spec_batch
+        tree_slots = choice.tree_nodes - 1 if choice and choice.tree_nodes else self.num_draft_slots
 
         wanted_drafts: list[tuple[SeqWork, int]] = []
         for request in list(self.running):
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             drafts = request.request_id in choice.head if choice else speculate
-            num_new, num_draft, skip_reason = self._plan(request, budget, drafts)
+            num_new, num_draft, skip_reason = self._plan(request, budget, tree_slots if drafts else 0)
             if num_new == 0:
                 continue
             if not self._reserve(request, num_new):
@@ -134,6 +136,7 @@ class Scheduler:
             if num_draft:
                 request = self.requests[w.request_id]
                 w.num_draft_slots = self._grow_without_preempting(request, w.start_pos + len(w.token_ids), num_draft)
+                w.num_tree_slots = w.num_draft_slots
                 w.draft_skip_reason = None if w.num_draft_slots else "kv_cache"
                 budget += num_draft - w.num_draft_slots
 
@@ -248,9 +251,10 @@ class Scheduler:
         self.blocks.grow(request.block_table, reserved + wanted)
         return wanted
 
-    def _plan(self, request: Request, budget: int, speculate: bool) -> tuple[int, int, str | None]:
+    def _plan(self, request: Request, budget: int, tree_slots: int) -> tuple[int, int, str | None]:
         """(tokens to compute, draft slots, why a decode step gets no draft slots) for this
-        request within `budget` tokens."""
+        request within `budget` tokens, drafting a tree of up to `tree_slots` tokens past its
+        root (0: none)."""
         if _prefilling(request):
             return min(request.num_tokens - request.num_computed_tokens, budget), 0, None
         if budget < 1:
@@ -262,9 +266,9 @@ class Scheduler:
             return 1, 0, "length_cap"
         if budget < 2:
             return 1, 0, "token_budget"
-        if not speculate:
+        if not tree_slots:
             return 1, 0, "policy" if self.policy else "batch_size"
-        return 1, min(self.num_draft_slots, budget - 1, room), None
+        return 1, min(tree_slots, budget - 1, room), None
 
     def _reserve(self, request: Request, num_tokens: int) -> bool:
         """Grow `request`'s blocks for num_tokens more tokens, preempting newer requests as needed.

@@ -174,17 +174,18 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--max-waiting", "scheduler", "max_waiting", "longest waiting queue (429 past it)"),
     Flag("--draft", "spec", "draft", "EAGLE draft head directory; 'auto' = the shipped head of the default model"),
     Flag("--num-draft-tokens", "spec", "num_draft_tokens",
-         "draft tree size including the root; None: 8, or 3 on a CPU that does not compute in native "
-         "bf16 (fp32 models; CPUs without AMX/AVX512-BF16)"),
-    Flag("--draft-depth", "spec", "depth", "draft forwards per step (tree levels); None: 3, or 2 on such a CPU"),
-    Flag("--draft-top-k", "spec", "top_k",
-         "children expanded per tree node (1 = a chain); None: 3, or 2 on such a CPU"),
+         "draft tree size including the root: pins every head tree to it; None: the speculation "
+         "policy chooses each step's size, up to 8"),
+    Flag("--draft-depth", "spec", "depth",
+         "most draft forwards per step (tree levels; a smaller tree takes fewer); None: 3"),
+    Flag("--draft-top-k", "spec", "top_k", "children expanded per tree node (1 = a chain); None: 3"),
     Flag("--lookup-tokens", "spec", "lookup_tokens",
          "most draft tokens copied from earlier in the sequence where its last tokens occurred "
          "before, verified with the tree, from the step's leftover token budget (0 = off); None: 8"),
     Flag("--spec-max-batch", "spec", "max_batch",
-         "pin who drafts: the head drafts only while at most this many sequences run (0 = always); "
-         "None: the speculation policy chooses each step from measured step costs and acceptance"),
+         "pin who drafts: the head drafts only while at most this many sequences run (0 = always), "
+         "full-size trees; None: the speculation policy chooses each step who drafts and how large "
+         "a tree, from measured step costs and acceptance"),
     Flag("--grammar-drafting", "spec", "grammar_drafting",
          "true: for structured outputs, drop draft-tree nodes the grammar forbids before "
          "verification and draft the tokens it forces; false: verify trees as drafted (also "

@@ -265,15 +265,20 @@ class ServerMetrics:
             "eagle_spec_policy_drafting_sequences",
             "Decoding sequences the speculation policy let draft with the head in the last step.",
         )
+        self.spec_policy_tree_tokens = gauge(
+            "eagle_spec_policy_tree_tokens",
+            "Tokens of each head tree (root included) the speculation policy chose for the last "
+            "step; 0 when nobody drafted with the head.",
+        )
         self.spec_policy_goodput = gauge(
             "eagle_spec_policy_expected_tokens_per_second",
             "Emitted tokens per second the policy expected of the last step's choice.",
         )
         self.spec_policy_step_seconds = gauge(
             "eagle_spec_policy_step_seconds",
-            "The policy's cost model: seconds of a decode step of `batch` sequences, all plain "
-            "(kind=plain) or all drafting the head's tree (kind=drafting); measured at start-up, "
-            "then following served steps.",
+            "The policy's cost model: seconds of a step whose target computes `batch` rows "
+            "(kind=plain), or seconds drafting full-depth trees adds for `batch` drafting "
+            "sequences (kind=draft); measured at start-up, then following served steps.",
             "kind", "batch",
         )
         self.spec_policy_feed_seconds = gauge(
@@ -283,9 +288,10 @@ class ServerMetrics:
         )
         self.spec_policy_acceptance = gauge(
             "eagle_spec_policy_head_acceptance",
-            "The policy's running average of head draft tokens accepted per step, over greedy or "
-            "sampling requests (what it expects of a new request).",
-            "sampling",
+            "The policy's running average of head draft tokens accepted per step with trees of "
+            "`tree_tokens` tokens, over greedy or sampling requests (what it expects of a new "
+            "request).",
+            "sampling", "tree_tokens",
         )
         self.model_info = Info(
             "eagle_model",
@@ -400,13 +406,15 @@ class ServerMetrics:
         policy = client.engine_stats.get("spec_policy")
         if policy:
             self.spec_policy_drafting.labels(model).set(policy["drafting"])
+            self.spec_policy_tree_tokens.labels(model).set(policy["tree_nodes"])
             self.spec_policy_goodput.labels(model).set(policy["expected_tokens_per_second"])
-            for kind, table in (("plain", policy["costs"]["plain"]), ("drafting", policy["costs"]["spec"])):
+            for kind, table in (("plain", policy["costs"]["plain"]), ("draft", policy["costs"]["draft"])):
                 for batch, seconds in table.items():
                     self.spec_policy_step_seconds.labels(model, kind, str(batch)).set(seconds)
             self.spec_policy_feed_seconds.labels(model).set(policy["costs"]["feed"])
-            for sampling, value in policy["head_acceptance"].items():
-                self.spec_policy_acceptance.labels(model, sampling).set(value)
+            for sampling, by_size in policy["head_acceptance"].items():
+                for tree_tokens, value in by_size.items():
+                    self.spec_policy_acceptance.labels(model, sampling, str(tree_tokens)).set(value)
         if self._info_model != model:
             self.model_info.labels(model).info(model_info(client.engine))
             self._initialise_series(model)

@@ -526,20 +526,30 @@ class ModelList(BaseModel):
 
 
 class StepCostModel(BaseModel):
-    plain: dict[int, float] = Field(description="seconds of a decode step in which nobody drafts, by batch size")
-    spec: dict[int, float] = Field(description="seconds of a decode step in which every sequence drafts, by batch size")
+    plain: dict[int, float] = Field(
+        description="seconds of a step whose target computes this many rows (decode tokens and tree nodes)"
+    )
+    draft: dict[int, float] = Field(
+        description="seconds drafting full-depth trees adds to a step, by drafting sequences"
+    )
     feed: float = Field(description="seconds per draft entry a sequence owes the head before it drafts again")
+    depth: int = Field(description="draft forwards of a full-depth tree; a smaller tree is priced at its share")
 
 
 class SpeculationPolicyState(BaseModel):
     """The speculation policy's last choice and what it rests on (eagle_core/spec/policy.py)."""
 
     drafting: int = Field(description="decoding sequences that drafted with the head in the last step")
+    tree_nodes: int = Field(description="tokens of each head tree in the last step, root included (0: none)")
     lookup_alone: int = Field(description="sequences allowed a context-lookup chain alone in the last step")
     expected_tokens_per_second: float = Field(description="emitted tokens per second expected of the last choice")
+    steps_by_tree_nodes: dict[int, int] = Field(
+        description="steps in which the head drafted, by the trees' size (tokens, root included), since start"
+    )
     costs: StepCostModel = Field(description="the cost model the choice rests on")
-    head_acceptance: dict[str, float] = Field(
-        description='head draft tokens accepted per step, averaged over {"greedy"|"sampling"} requests'
+    head_acceptance: dict[str, dict[int, float]] = Field(
+        description='head draft tokens accepted per step by tree size (tokens, root included), averaged '
+        'over {"greedy"|"sampling"} requests'
     )
 
 

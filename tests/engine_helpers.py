@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from eagle_core import Engine, EngineConfig, SamplingParams
-from eagle_core.config import WIDE_SPEC, CacheConfig, ModelConfig, SchedulerConfig, SpecConfig
+from eagle_core.config import SPEC_DEFAULTS, CacheConfig, ModelConfig, SchedulerConfig, SpecConfig
 
 
 def make_engine(
@@ -39,7 +39,7 @@ def make_engine(
         # they pass spec_max_batch, and the wide tree unless they pass one: the fp32 CPU default
         # is a small one.
         spec=dataclasses.replace(
-            (spec or SpecConfig()).with_defaults(WIDE_SPEC), draft=draft, max_batch=spec_max_batch
+            (spec or SpecConfig()).with_defaults(SPEC_DEFAULTS), draft=draft, max_batch=spec_max_batch
         ),
     )
     return Engine(config)

@@ -12,8 +12,8 @@ blocks cover both. A step drafts in two phases, before the target forward:
    than that window, its draft context restarts at the window (see `catch_up`). The last entry
    of a decoding sequence reads the root (the last sampled token) and gives the root's
    children.
-2. tree levels: depth - 1 more forwards over the top_k frontier nodes of every speculating
-   sequence. These entries are provisional: they sit at positions past the sequence's context
+2. tree levels: depth - 1 more forwards (fewer when the step's trees are too small to reach
+   that deep) over the top_k frontier nodes of every speculating sequence. These entries are provisional: they sit at positions past the sequence's context
    (in its reserved blocks, then in per-row scratch blocks beyond the shared pool) and are
    overwritten by the next step's catch-up, so the draft KV keeps committed tokens only.
 """
@@ -246,9 +246,11 @@ class Drafter:
         root_hidden: torch.Tensor,  # [B, hidden] catch-up output at each root
         root_top: tuple[torch.Tensor, torch.Tensor],  # [B, top_k] log-probabilities and ids at each root
     ) -> list[DraftTree]:
-        """One tree per work, drafted with depth - 1 forwards: num_draft_tokens nodes, fewer when
-        the work reserved fewer slots (its slots past num_draft_tokens - 1 are context lookup's)."""
+        """One tree per work of `num_tree_slots + 1` nodes (at most num_draft_tokens), drafted
+        with the forwards those sizes can use: a tree of n nodes reaches depth n - 1 at most,
+        so levels past the largest tree's n - 1 (and past `depth`) are not drafted."""
         top_k, batch = self.spec.top_k, len(works)
+        sizes = [min(w.num_tree_slots, self.spec.num_draft_tokens - 1) + 1 for w in works]
         pool = CandidatePool()
         top_values, top_ids = root_top
         expansion = expand_top(torch.zeros(batch, 1, device=self.device), top_values[:, None], top_ids[:, None], top_k)
@@ -257,7 +259,7 @@ class Drafter:
         origins = torch.tensor([self.states[w.request_id].origin for w in works])  # [B]
         roots_at = torch.tensor([w.start_pos for w in works])  # [B] each root's position
         tables = self._tables_with_scratch(works)  # [B, MB], from each origin's block
-        for level in range(1, self.spec.depth):
+        for level in range(1, min(self.spec.depth, max(sizes) - 1)):
             if level > 1:
                 parent_idx = expansion.frontier_parent_idx()  # [B, K]
                 parent_hidden = parent_hidden.gather(
@@ -279,7 +281,6 @@ class Drafter:
 
         roots = torch.tensor([w.token_ids[-1] for w in works], device=self.device)
         trees: dict[int, DraftTree] = {}
-        sizes = [min(w.num_draft_slots, self.spec.num_draft_tokens - 1) + 1 for w in works]
         for num_nodes in set(sizes):
             trees[num_nodes] = pool.select(roots, num_nodes)
         return [_row(trees[num_nodes], b) for b, num_nodes in enumerate(sizes)]
@@ -374,4 +375,5 @@ def _row(tree: DraftTree, b: int) -> DraftTree:
         tree.parents[b : b + 1],
         tree.depths[b : b + 1],
         tree.ancestor_mask[b : b + 1],
+        tree.ranks[b : b + 1] if tree.ranks is not None else None,
     )

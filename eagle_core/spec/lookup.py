@@ -77,6 +77,18 @@ class ContextLookup:
         return index.continuation(prompt, output, self.max_tokens)
 
 
+def chain_path(token_ids: list[int], parents: list[int], chain: list[int]) -> list[int]:
+    """The nodes of the longest prefix of `chain` that the tree holds as a path from the root."""
+    path, node = [], 0
+    for token in chain:
+        child = next((c for c in range(1, len(token_ids)) if parents[c] == node and token_ids[c] == token), None)
+        if child is None:
+            break
+        path.append(child)
+        node = child
+    return path
+
+
 def graft_chain(
     token_ids: list[int], parents: list[int], chain: list[int], room: int
 ) -> tuple[list[int], list[int]]:
@@ -85,16 +97,11 @@ def graft_chain(
     The chain follows existing nodes while their tokens agree, so a chain the head also drafted
     costs nothing; the rest becomes new nodes appended after the tree's (parents still precede
     children), at most `room` of them. The inputs are not modified."""
+    path = chain_path(token_ids, parents, chain)
     token_ids, parents = list(token_ids), list(parents)
-    num_old = len(token_ids)
-    node = 0
-    for token in chain:
-        child = next((c for c in range(1, len(token_ids)) if parents[c] == node and token_ids[c] == token), None)
-        if child is None:
-            if len(token_ids) - num_old == room:
-                break
-            token_ids.append(token)
-            parents.append(node)
-            child = len(token_ids) - 1
-        node = child
+    node = path[-1] if path else 0
+    for token in chain[len(path) : len(path) + room]:
+        token_ids.append(token)
+        parents.append(node)
+        node = len(token_ids) - 1
     return token_ids, parents

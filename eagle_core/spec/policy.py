@@ -1,30 +1,38 @@
-"""The speculation policy: which decoding sequences draft each step, priced on this machine.
+"""The speculation policy: which decoding sequences draft each step, and how large a tree, priced
+on this machine.
 
 Each step the scheduler asks `SpeculationPolicy.choose` which decoding sequences build a tree
-with the draft head, and which of the others may verify a context-lookup chain alone. The
-answer maximises the step's expected emitted tokens per second of the whole step:
+with the draft head, of how many nodes, and which of the others may verify a context-lookup
+chain alone. The answer maximises the step's expected emitted tokens per second:
 
-    goodput(k) = (B + sum of the k largest expected acceptances) / step(B, k)
+    goodput(k, n) = (B + sum of the k largest expected acceptances with n-node trees) / step(k, n)
 
-over k = 0..B, where B sequences decode and the k with the most expected accepted draft tokens
-per step draft with the head (every head tree costs the same, so the best k-subset is the top
-k). k = 0 is plain decoding, chosen whenever no tree pays.
+over k = 0..B drafting sequences and tree sizes n = 2..N (N the configured tree, the largest;
+only N when --num-draft-tokens pins it), where B sequences decode. k = 0 is plain decoding,
+chosen whenever no tree pays.
 
-Costs (`StepCosts`): `plain(r)`, the seconds of a step whose target forward computes r decode
-rows and nobody drafts, and `spec(k)`, the seconds of a step in which k sequences draft the
-configured tree. A mixed step costs spec(k) + plain(rows) - plain(k): the rows beyond the
-drafting sequences' own at plain prices; plus `feed` seconds per draft entry the drafting
-sequences owe the head (a sequence that did not draft for a while first feeds it the features
-it kept, up to `max_owed` entries: spec/drafter.py). All three are measured on this machine at
-start-up (eagle_core/step_costs.py) and follow every decode-only step's wall time afterwards.
+Costs (`StepCosts`): `plain(r)`, the seconds of a step whose target forward computes r rows
+(decode tokens and tree nodes alike), and `draft(k)`, the seconds drafting adds for k
+sequences drafting full-depth trees; a tree of n nodes reaches depth n - 1 at most, so it is
+drafted with min(depth, n - 1) of the `depth` draft forwards and priced at that share. Plus
+`feed` seconds per draft entry the drafting sequences owe the head (a sequence that did not
+draft for a while first feeds it the features it kept, up to `max_owed` entries:
+spec/drafter.py). All three are measured on this machine at start-up (eagle_core/step_costs.py)
+and follow every decode-only step's wall time afterwards.
 
-Acceptance (`Acceptance`): per request, a moving average of the draft tokens a step accepted,
-one for head trees and one for lookup chains alone (with the rows such a chain verified); a
-request without its own history takes the running average of requests sampled like it (greedy
-or not: temperature is a signal, not a special case). While a request does not draft, its
-estimate drifts back toward that average, so a request whose drafts failed is tried again
-later; and while no sequence drafts at all, a probe step now and then lets the best candidate
-draft, which keeps the averages and the spec table current at a bounded share of the time.
+Acceptance (`Acceptance`): per request, moving averages of the draft tokens a step accepted,
+for head trees by tree size, and for lookup chains alone (with the rows such a chain verified).
+Every tree node carries its rank in its step's score order (DraftTree.ranks), and the tree of
+the best n nodes holds exactly the nodes of rank < n; verification walks one path whatever the
+tree (spec/verify.py), so a step that drafted n nodes tells what every smaller tree would have
+accepted: the path up to its first node of rank n or more. A request without its own history
+takes the running average of requests sampled like it (greedy or not: temperature is a signal,
+not a special case). While a request does not draft, its estimates drift back toward that
+average, so a request whose drafts failed is tried again later. Two kinds of probe keep what
+the policy does not choose measured, each at a bounded share of the time: while no sequence
+drafts at all, a step now and then lets the best candidate draft a full tree (the averages and
+the draft table stay current); while the chosen trees are smaller than the largest, a drafting
+step now and then drafts the largest instead (a small tree says nothing about larger ones).
 
 No tensors here: numbers in, request ids out.
 """
@@ -110,43 +118,58 @@ class CostTable:
 class StepCosts:
     """What a decode step costs on this machine (see the module docstring)."""
 
-    def __init__(self, plain: dict[int, float], spec: dict[int, float], feed: float = 0.0):
+    def __init__(self, plain: dict[int, float], draft: dict[int, float], feed: float = 0.0, depth: int = 1):
         self.plain = CostTable(plain)
-        """Decode rows of the target forward -> seconds of a step where nobody drafts."""
-        self.spec = CostTable(spec)
-        """Sequences drafting the configured tree -> seconds of a step of just those."""
+        """Target rows (decode tokens and tree nodes) -> seconds of a step's target forward,
+        sampling and verification; exactly a step's seconds where nobody drafts."""
+        self.draft = CostTable(draft)
+        """Sequences drafting full-depth trees -> seconds drafting adds to their step."""
         self.feed = max(feed, 0.0)
         """Seconds per owed draft entry fed before drafting."""
+        self.depth = depth
+        """Draft forwards of a full-depth tree (the configured depth)."""
 
-    def step(self, rows: float, drafting: int, owed: float = 0.0) -> float:
-        """Seconds of a step computing `rows` rows besides the trees of `drafting` sequences
-        (each drafting sequence's root counts among the rows), which owe the head `owed`
-        entries beyond the one or few a sequence drafting every step owes."""
+    def forwards(self, tree_nodes: int) -> int:
+        """Draft forwards a tree of `tree_nodes` nodes takes: it reaches depth tree_nodes - 1."""
+        return max(min(self.depth, tree_nodes - 1), 1)
+
+    def step(self, rows: float, drafting: int, owed: float = 0.0, tree_nodes: int | None = None) -> float:
+        """Seconds of a step whose target computes `rows` rows, `drafting` sequences among them
+        drafting trees of `tree_nodes` nodes (None: full depth) that owe the head `owed` entries
+        beyond the one or few a sequence drafting every step owes."""
         if drafting == 0:
             return self.plain(rows)
-        return self.spec(drafting) + self.plain(rows) - self.plain(drafting) + self.feed * owed
+        return self.plain(rows) + self._drafting(drafting, tree_nodes) + self.feed * owed
 
-    def observe(self, rows: float, drafting: int, seconds: float, owed: float = 0.0) -> None:
+    def observe(self, rows: float, drafting: int, seconds: float, owed: float = 0.0, tree_nodes: int | None = None) -> None:
         """Learn from a decode-only step's wall time: the plain table from a step where nobody
-        drafted, the spec table from one whose drafting sequences owed nothing extra, else the
+        drafted, the draft table from one whose drafting sequences owed nothing extra, else the
         per-entry feeding cost."""
         if drafting == 0:
             self.plain.observe(rows, seconds)
         elif owed <= 0:
-            self.spec.observe(drafting, seconds - (self.plain(rows) - self.plain(drafting)))
+            share = self._share(tree_nodes)
+            self.draft.observe(drafting, (seconds - self.plain(rows)) / share)
         else:
-            residual = seconds - self.step(rows, drafting)
+            residual = seconds - self.step(rows, drafting, tree_nodes=tree_nodes)
             self.feed = max(self.feed + COST_RATE * (residual / owed - self.feed), 0.0)
 
+    def _share(self, tree_nodes: int | None) -> float:
+        return 1.0 if tree_nodes is None else self.forwards(tree_nodes) / self.depth
+
+    def _drafting(self, drafting: int, tree_nodes: int | None) -> float:
+        return self.draft(drafting) * self._share(tree_nodes)
+
     def as_dict(self) -> dict:
-        return {"plain": self.plain.as_dict(), "spec": self.spec.as_dict(), "feed": self.feed}
+        return {"plain": self.plain.as_dict(), "draft": self.draft.as_dict(), "feed": self.feed, "depth": self.depth}
 
 
 @dataclass
 class _Estimates:
     """One request's acceptance averages; None until it has its own history."""
 
-    head: float | None = None
+    head: list[float] | None = None
+    """Index n: accepted head draft tokens per step with a tree of n nodes (0 below n = 2)."""
     lookup: float | None = None
     lookup_rows: float | None = None
 
@@ -155,18 +178,36 @@ def _mix(old: float | None, new: float, rate: float) -> float:
     return new if old is None else old + rate * (new - old)
 
 
+def accepted_by_size(ranks: list[int], max_nodes: int) -> list[int]:
+    """[n] -> the drafts a tree of the best n nodes would have accepted, for n <= max_nodes, from
+    the ranks of the drafts a tree of max_nodes nodes accepted (in path order): the path up to
+    its first node of rank n or more."""
+    accepted = [0] * (max_nodes + 1)
+    highest = 0
+    for j, rank in enumerate(ranks, start=1):
+        highest = max(highest, rank)
+        for n in range(max(highest + 1, 2), max_nodes + 1):
+            accepted[n] = j
+    return accepted
+
+
 class Acceptance:
     """Expected accepted draft tokens per step, per request and per source (see the module
     docstring)."""
 
-    def __init__(self):
+    def __init__(self, max_nodes: int):
+        self.max_nodes = max_nodes
+        initial = [INITIAL_HEAD_ACCEPTANCE * max(n - 1, 0) / max(max_nodes - 1, 1) for n in range(max_nodes + 1)]
         self.prior = {
-            greedy: _Estimates(INITIAL_HEAD_ACCEPTANCE, INITIAL_LOOKUP_ACCEPTANCE, INITIAL_LOOKUP_ROWS)
-            for greedy in (True, False)
+            greedy: _Estimates(list(initial), INITIAL_LOOKUP_ACCEPTANCE, INITIAL_LOOKUP_ROWS) for greedy in (True, False)
         }
+        """Averages over all requests by greedy/sampled. The head's starts optimistic at the
+        largest tree and in proportion to the nodes below it, so the first steps draft full
+        trees, which measure every smaller size at once."""
         self.requests: dict[str, _Estimates] = {}
 
-    def head(self, request_id: str, greedy: bool) -> float:
+    def head(self, request_id: str, greedy: bool) -> list[float]:
+        """[n] -> expected accepted drafts per step with a tree of n nodes."""
         own = self.requests.get(request_id)
         return own.head if own is not None and own.head is not None else self.prior[greedy].head
 
@@ -178,11 +219,19 @@ class Acceptance:
             return prior.lookup, prior.lookup_rows
         return own.lookup, own.lookup_rows
 
-    def record_head(self, request_id: str, greedy: bool, accepted: int) -> None:
+    def record_head(self, request_id: str, greedy: bool, accepted: list[int], sizes: range) -> None:
+        """A head tree's step: `accepted[n]` drafts a tree of n nodes accepted (or would have),
+        known for the n in `sizes`."""
         own = self.requests.setdefault(request_id, _Estimates())
-        own.head = _mix(own.head, accepted, REQUEST_RATE)
         prior = self.prior[greedy]
-        prior.head = _mix(prior.head, accepted, PRIOR_RATE)
+        if own.head is None:
+            own.head = list(prior.head)
+            rate = 1.0
+        else:
+            rate = REQUEST_RATE
+        for n in sizes:
+            own.head[n] += rate * (accepted[n] - own.head[n])
+            prior.head[n] += PRIOR_RATE * (accepted[n] - prior.head[n])
 
     def record_lookup(self, request_id: str, greedy: bool, accepted: int, rows: int) -> None:
         own = self.requests.setdefault(request_id, _Estimates())
@@ -193,11 +242,13 @@ class Acceptance:
         prior.lookup_rows = _mix(prior.lookup_rows, rows, PRIOR_RATE)
 
     def relax(self, request_id: str, greedy: bool) -> None:
-        """A step in which this request did not draft with the head: its head estimate moves
-        toward the average of requests like it."""
+        """A step in which this request did not draft with the head: its head estimates move
+        toward the averages of requests like it."""
         own = self.requests.get(request_id)
         if own is not None and own.head is not None:
-            own.head += RELAX_RATE * (self.prior[greedy].head - own.head)
+            prior = self.prior[greedy].head
+            for n, value in enumerate(own.head):
+                own.head[n] = value + RELAX_RATE * (prior[n] - value)
 
     def drop(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
@@ -224,27 +275,39 @@ class Choice:
     goodput: float
     """Expected emitted tokens per second of the chosen step."""
     probe: bool = False
+    tree_nodes: int | None = None
+    """Nodes of each head tree, root included; None: the largest."""
 
 
 STEADY_OWED = 4
 """Draft entries a sequence drafting every step owes (its root and accepted tokens): the start-up
-spec table includes them; only owed entries past these are priced at `feed`."""
+draft table includes them; only owed entries past these are priced at `feed`."""
 
 
 class SpeculationPolicy:
-    def __init__(self, costs: StepCosts, lookup: bool = True, max_owed: int = 1 << 30):
-        """`lookup`: the policy also decides lookup-alone steps (False: the scheduler's pinned
+    def __init__(
+        self, costs: StepCosts, max_tree_nodes: int, choose_size: bool = True, lookup: bool = True,
+        max_owed: int = 1 << 30,
+    ):
+        """`max_tree_nodes`: the configured tree (root included), the largest the policy drafts;
+        `choose_size`: False drafts only that size (--num-draft-tokens pins it). `lookup`: the
+        policy also decides lookup-alone steps (False: the scheduler's pinned
         --lookup-max-batch does). `max_owed`: most entries a sequence can owe the draft head
         (the drafter keeps no more features than that)."""
         self.costs = costs
-        self.acceptance = Acceptance()
+        self.max_tree_nodes = max_tree_nodes
+        self.tree_sizes = list(range(2, max_tree_nodes + 1)) if choose_size else [max_tree_nodes]
+        self.acceptance = Acceptance(max_tree_nodes)
         self.decides_lookup = lookup
         self.max_owed = max_owed
         self.fed: dict[str, int] = {}
         """Request -> its context length when it last drafted with the head (the head has been
         fed everything before)."""
         self.steps_without_head = 0
+        self.steps_with_small_trees = 0
         self.last: Choice | None = None
+        self.steps_by_tree_nodes: dict[int, int] = {}
+        """Tree size -> steps in which the head drafted trees of that size (since start)."""
 
     def choose(self, candidates: list[Candidate], other_rows: int = 0) -> Choice:
         """The step's drafting: `candidates` are the decoding sequences, `other_rows` the
@@ -252,46 +315,67 @@ class SpeculationPolicy:
         num = len(candidates)
         rows = num + other_rows
         plain_goodput = num / self.costs.step(rows, 0) if num else 0.0
-        # Best first: expected accepted tokens, less those the time of feeding the head what
-        # the sequence owes would have produced decoding plainly.
-        ranked = sorted(
-            (
-                (gain - plain_goodput * self.costs.feed * owed, gain, owed, c.request_id)
-                for c in candidates
-                if c.head
-                for gain, owed in [(self.acceptance.head(c.request_id, c.greedy), self._owed(c.request_id, c.context_len))]
-            ),
-            reverse=True,
-        )
-        gains = [(gain, request_id) for _, gain, _, request_id in ranked]
-        best_k, best = 0, plain_goodput
-        tokens = float(num)
-        owed = 0.0
-        for k, (_, gain, extra, _) in enumerate(ranked, start=1):
-            tokens += gain
-            owed += extra
-            goodput = tokens / self.costs.step(rows, k, owed)
-            if goodput > best:
-                best_k, best = k, goodput
+        drafters = [
+            (c.request_id, self.acceptance.head(c.request_id, c.greedy), self._owed(c.request_id, c.context_len))
+            for c in candidates
+            if c.head
+        ]
+        best = (plain_goodput, 0, self.max_tree_nodes)  # (goodput, drafting, tree nodes)
+        ranked_at: dict[int, list[tuple[float, float, int, str]]] = {}
+        for n in self.tree_sizes:
+            # Best first: expected accepted tokens, less those the time of feeding the head what
+            # the sequence owes would have produced decoding plainly.
+            ranked = sorted(
+                ((gains[n] - plain_goodput * self.costs.feed * owed, gains[n], owed, request_id)
+                 for request_id, gains, owed in drafters),
+                reverse=True,
+            )
+            ranked_at[n] = ranked
+            tokens, owed_total, previous = float(num), 0.0, 0.0
+            for k, (_, gain, owed, _) in enumerate(ranked, start=1):
+                tokens += gain
+                owed_total += owed
+                goodput = tokens / self.costs.step(rows + k * (n - 1), k, owed_total, n)
+                if goodput > best[0]:
+                    best = (goodput, k, n)
+                if goodput < previous:
+                    break  # gains fall and costs grow with k: past the peak for this size
+                previous = goodput
+        goodput, best_k, tree_nodes = best
         probe = False
-        if best_k == 0 and gains:
+        if best_k == 0 and drafters:
             self.steps_without_head += 1
             if self.steps_without_head >= self._probe_interval(rows):
-                best_k, probe = 1, True
+                best_k, tree_nodes, probe = 1, self.max_tree_nodes, True
         if best_k:
             self.steps_without_head = 0
-        head = frozenset(request_id for _, request_id in gains[:best_k])
-        lookup = frozenset(self._lookup_alone(candidates, head, rows, best)) if self.decides_lookup else frozenset()
+        if best_k and tree_nodes < self.max_tree_nodes:
+            self.steps_with_small_trees += 1
+            chosen = self.costs.step(rows + best_k * (tree_nodes - 1), best_k, tree_nodes=tree_nodes)
+            full = self.costs.step(rows + best_k * (self.max_tree_nodes - 1), best_k)
+            if self.steps_with_small_trees >= self._interval(full - chosen, chosen):
+                tree_nodes, probe = self.max_tree_nodes, True
+        if tree_nodes == self.max_tree_nodes:
+            self.steps_with_small_trees = 0
+        head = frozenset(request_id for *_, request_id in ranked_at[tree_nodes][:best_k]) if best_k else frozenset()
+        tree_rows = rows + len(head) * (tree_nodes - 1)
+        lookup = (
+            frozenset(self._lookup_alone(candidates, head, tree_rows, tree_nodes, goodput))
+            if self.decides_lookup else frozenset()
+        )
         for c in candidates:
             if c.request_id not in head:
                 self.acceptance.relax(c.request_id, c.greedy)
-        choice = Choice(head, lookup, best, probe)
-        if self.last is None or len(choice.head) != len(self.last.head):
+        choice = Choice(head, lookup, goodput, probe, tree_nodes)
+        if head:
+            self.steps_by_tree_nodes[tree_nodes] = self.steps_by_tree_nodes.get(tree_nodes, 0) + 1
+        last = self.last
+        if last is None or (len(choice.head), choice.tree_nodes) != (len(last.head), last.tree_nodes):
             logger.debug(
-                "speculation: %d of %d decoding sequences draft with the head%s (expected %.1f tokens/s; "
-                "plain step %.2f ms, this step %.2f ms)",
-                len(head), num, " (probe)" if probe else "", best,
-                1e3 * self.costs.step(rows, 0), 1e3 * self.costs.step(rows, len(head)),
+                "speculation: %d of %d decoding sequences draft %d-node trees with the head%s (expected "
+                "%.1f tokens/s; plain step %.2f ms, this step %.2f ms)",
+                len(head), num, tree_nodes, " (probe)" if probe else "", goodput,
+                1e3 * self.costs.step(rows, 0), 1e3 * self.costs.step(tree_rows, len(head), tree_nodes=tree_nodes),
             )
         self.last = choice
         return choice
@@ -301,7 +385,9 @@ class SpeculationPolicy:
         owed = min(context_len - self.fed.get(request_id, 0), self.max_owed)
         return max(owed - STEADY_OWED, 0)
 
-    def _lookup_alone(self, candidates: list[Candidate], head: frozenset[str], rows: int, goodput: float) -> list[str]:
+    def _lookup_alone(
+        self, candidates: list[Candidate], head: frozenset[str], rows: int, tree_nodes: int, goodput: float
+    ) -> list[str]:
         """Non-drafting sequences whose expected lookup gain per second of extra rows beats the
         step's goodput."""
         chosen = []
@@ -310,7 +396,9 @@ class SpeculationPolicy:
             if c.request_id in head:
                 continue
             accepted, extra = self.acceptance.lookup(c.request_id, c.greedy)
-            added = self.costs.step(rows + extra, drafting) - self.costs.step(rows, drafting)
+            added = self.costs.step(rows + extra, drafting, tree_nodes=tree_nodes) - self.costs.step(
+                rows, drafting, tree_nodes=tree_nodes
+            )
             if added <= 0 or accepted / added > goodput:
                 chosen.append(c.request_id)
                 rows += extra
@@ -319,8 +407,13 @@ class SpeculationPolicy:
     def _probe_interval(self, rows: int) -> int:
         """Plain steps between probes, so that probes add at most PROBE_SHARE to the time."""
         plain = self.costs.step(rows, 0)
-        extra = max(self.costs.step(rows, 1) - plain, 0.0)
-        return min(MAX_PROBE_INTERVAL, max(4, math.ceil(extra / (PROBE_SHARE * plain))))
+        return self._interval(self.costs.step(rows + self.max_tree_nodes - 1, 1) - plain, plain)
+
+    @staticmethod
+    def _interval(extra: float, seconds: float) -> int:
+        """Steps of `seconds` between probes that cost `extra` more, so that probes add at most
+        PROBE_SHARE to the time."""
+        return min(MAX_PROBE_INTERVAL, max(4, math.ceil(max(extra, 0.0) / (PROBE_SHARE * seconds))))
 
     def observe(self, batch: ScheduledBatch, result: StepResult, seconds: float) -> None:
         """Learn from a finished step: every decode result's acceptance, and (for steps with no
@@ -328,6 +421,7 @@ class SpeculationPolicy:
         decode_only = True
         rows = drafting = 0
         owed = 0
+        tree_nodes = 1
         for work in batch.seqs:
             if not work.is_decode:
                 decode_only = False
@@ -336,21 +430,32 @@ class SpeculationPolicy:
             if seq_result is None:
                 continue
             is_greedy = work.params.greedy
+            rows += 1 + seq_result.num_draft_tokens
             if work.drafts_with_head and seq_result.num_draft_tokens:
                 drafting += 1
-                rows += 1
                 owed += self._owed(work.request_id, work.start_pos)
                 self.fed[work.request_id] = work.start_pos
-                self.acceptance.record_head(work.request_id, is_greedy, seq_result.num_accepted_tokens)
+                nodes = min(work.num_tree_slots + 1, self.max_tree_nodes)
+                tree_nodes = max(tree_nodes, nodes)
+                self._record_head(work.request_id, is_greedy, seq_result, nodes)
             elif work.num_draft_slots and not work.drafts_with_head:
-                rows += 1 + seq_result.num_draft_tokens
                 self.acceptance.record_lookup(
                     work.request_id, is_greedy, seq_result.num_accepted_tokens, seq_result.num_draft_tokens
                 )
-            else:  # plain, or a head tree that came to nothing (all of it forbidden by a grammar)
-                rows += 1
+            # else: plain, or a head tree that came to nothing (all of it forbidden by a grammar)
         if decode_only and rows:
-            self.costs.observe(rows, drafting, seconds, owed)
+            self.costs.observe(rows, drafting, seconds, owed, tree_nodes if drafting else None)
+
+    def _record_head(self, request_id: str, greedy: bool, seq_result, nodes: int) -> None:
+        """Acceptance by tree size from a head tree of `nodes` nodes: every size up to it where
+        the accepted drafts' ranks are known, else that size alone."""
+        if seq_result.accepted_ranks is not None:
+            accepted = accepted_by_size(seq_result.accepted_ranks, self.max_tree_nodes)
+            self.acceptance.record_head(request_id, greedy, accepted, range(2, nodes + 1))
+        else:
+            accepted = [0] * (self.max_tree_nodes + 1)
+            accepted[nodes] = seq_result.num_accepted_tokens
+            self.acceptance.record_head(request_id, greedy, accepted, range(nodes, nodes + 1))
 
     def admit(self, request_id: str, start: int) -> None:
         """The request (re)starts computing at position `start` (0, or past its prefix-cache
@@ -362,12 +467,18 @@ class SpeculationPolicy:
         self.fed.pop(request_id, None)
 
     def as_dict(self) -> dict:
-        """The policy's state for metrics and /debug: the last choice and the cost tables."""
+        """The policy's state for metrics and /debug: the last choice, the cost tables and the
+        average acceptance by tree size."""
         last = self.last
         return {
             "drafting": len(last.head) if last else 0,
+            "tree_nodes": (last.tree_nodes or self.max_tree_nodes) if last and last.head else 0,
             "lookup_alone": len(last.lookup_alone) if last else 0,
             "expected_tokens_per_second": last.goodput if last else 0.0,
+            "steps_by_tree_nodes": dict(sorted(self.steps_by_tree_nodes.items())),
             "costs": self.costs.as_dict(),
-            "head_acceptance": {"greedy": self.acceptance.prior[True].head, "sampling": self.acceptance.prior[False].head},
+            "head_acceptance": {
+                sampling: {n: value for n, value in enumerate(self.acceptance.prior[greedy].head) if n >= 2}
+                for sampling, greedy in (("greedy", True), ("sampling", False))
+            },
         }

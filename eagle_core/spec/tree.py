@@ -46,13 +46,18 @@ class DraftTree:
     parents: torch.Tensor  # [B, N] long, parent node index, -1 for the root
     depths: torch.Tensor  # [B, N] long, root depth 0
     ancestor_mask: torch.Tensor  # [B, N, N] bool, [b, i, j] iff j == i or j is an ancestor of i
+    ranks: torch.Tensor | None = None
+    """[B, N] long: each node's place in its drafting step's score order (the root 0, the best
+    candidate 1, ...), so the tree of the best n nodes is the nodes of rank < n; 0 also for
+    nodes added beside the head's (a context-lookup chain), which a smaller head tree would
+    keep too. None where unknown (a tree rebuilt by a grammar)."""
 
     @classmethod
-    def from_parents(cls, token_ids: torch.Tensor, parents: torch.Tensor) -> DraftTree:
+    def from_parents(cls, token_ids: torch.Tensor, parents: torch.Tensor, ranks: torch.Tensor | None = None) -> DraftTree:
         """A tree from its tokens and parent indices ([B, N] each, parents first); depths and
         the ancestor mask follow from the parents."""
         ancestor_mask = ancestor_mask_from_parents(parents)  # [B, N, N]
-        return cls(token_ids, parents, ancestor_mask.sum(dim=-1) - 1, ancestor_mask)
+        return cls(token_ids, parents, ancestor_mask.sum(dim=-1) - 1, ancestor_mask, ranks)
 
     @property
     def batch_size(self) -> int:
@@ -222,7 +227,8 @@ def select_tree(
     cand_scores: torch.Tensor,  # [B, C]
     num_nodes: int,
 ) -> DraftTree:
-    """Keep the best `num_nodes - 1` candidates (ties: earlier wins) under a root; build the tree.
+    """Keep the best `num_nodes - 1` candidates (ties: earlier wins) under a root; build the tree,
+    with each node's rank in score order (DraftTree.ranks).
 
     Candidates must be numbered parents-first and a child's score must not exceed its parent's
     (both hold for `expand_frontier` levels added in order). The tree has min(num_nodes, C + 1)
@@ -236,6 +242,8 @@ def select_tree(
     num_kept = min(num_nodes - 1, num_cands)
     best = torch.sort(cand_scores, dim=1, descending=True, stable=True).indices[:, :num_kept]
     kept = best.sort(dim=1).values  # [B, M] candidate indices in candidate order
+    rank_of_cand = torch.zeros((batch, num_cands), dtype=torch.long, device=device)
+    rank_of_cand.scatter_(1, best, torch.arange(1, num_kept + 1, device=device).expand(batch, num_kept))
 
     node_of_cand = torch.full((batch, num_cands), -1, dtype=torch.long, device=device)
     node_ids = torch.arange(1, num_kept + 1, device=device).expand(batch, num_kept)
@@ -259,7 +267,8 @@ def select_tree(
         ],
         dim=1,
     )
-    return DraftTree.from_parents(token_ids, parents)
+    ranks = torch.cat([torch.zeros((batch, 1), dtype=torch.long, device=device), rank_of_cand.gather(1, kept)], dim=1)
+    return DraftTree.from_parents(token_ids, parents, ranks)
 
 
 def ancestor_mask_from_parents(parents: torch.Tensor) -> torch.Tensor:

@@ -133,11 +133,11 @@ class EvalConfig:
     draft_quantization: str = "auto"
     """As the server's --draft-quantization; "none" measures the head in the model dtype."""
     tree: tuple[int, ...] | None = None
-    """(num_draft_tokens, depth, top_k) to measure with; None: the server's default on this
-    machine, which differs between CPUs with and without native bf16 (config.SpecDefaults)."""
+    """(num_draft_tokens, depth, top_k) to measure with; None: the server's largest tree
+    (config.SPEC_DEFAULTS), at that fixed size."""
     lookup_tokens: int | None = None
     """Context-lookup draft tokens on top of the tree (--lookup-tokens; 0: the head's drafts
-    alone); None: the server's default on this machine."""
+    alone); None: the server's default."""
 
     def __post_init__(self) -> None:
         if self.tree is not None and (len(self.tree) != 3 or min(self.tree) < 1):

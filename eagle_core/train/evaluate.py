@@ -109,11 +109,10 @@ def draft_weights(cfg: TrainConfig) -> str:
 
 
 def eval_tree(cfg: TrainConfig) -> dict:
-    """The draft tree _engine runs: eval.tree and eval.lookup_tokens, else the server's defaults
-    for this machine."""
-    from eagle_core.worker.worker import spec_defaults
+    """The draft tree _engine runs: eval.tree and eval.lookup_tokens, else the server's
+    defaults (the largest tree its policy drafts)."""
+    from eagle_core.config import SPEC_DEFAULTS as defaults
 
-    defaults = spec_defaults(*_device_dtype(cfg))
     tree = dict(zip(("num_draft_tokens", "depth", "top_k"), cfg.eval.tree or defaults[:3], strict=True))
     lookup = defaults.lookup_tokens if cfg.eval.lookup_tokens is None else cfg.eval.lookup_tokens
     return {**tree, "lookup_tokens": lookup}

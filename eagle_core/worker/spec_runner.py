@@ -24,7 +24,7 @@ import torch
 
 from eagle_core.batch import ScheduledBatch, SeqResult, SeqWork, StepResult
 from eagle_core.spec.drafter import Drafter
-from eagle_core.spec.lookup import ContextLookup, graft_chain
+from eagle_core.spec.lookup import ContextLookup, chain_path, graft_chain
 from eagle_core.spec.tree import DraftTree
 from eagle_core.spec.verify import accepted_path, path_result
 from eagle_core.worker.inputs import SeqGroup, block_table_tensor
@@ -147,12 +147,17 @@ class SpecRunner:
                 grafts[i] = (chain, room)
         host = _host_trees(works, trees, list(grafts))
         for i, (chain, room) in grafts.items():
-            tree_tokens, tree_parents = host[i]
+            tree_tokens, tree_parents, tree_ranks = host[i]
             token_ids, parents = graft_chain(tree_tokens, tree_parents, chain, room)
             if len(token_ids) > len(tree_tokens):
+                # the chain's nodes (drafted by the head or not) would be there with any head tree
+                ranks = tree_ranks + [0] * (len(token_ids) - len(tree_tokens))
+                for node in chain_path(token_ids, parents, chain):
+                    ranks[node] = 0
                 trees[i] = DraftTree.from_parents(
                     torch.tensor([token_ids], device=self.drafter.device),  # [1, N]
                     torch.tensor([parents], device=self.drafter.device),  # [1, N]
+                    torch.tensor([ranks], device=self.drafter.device) if ranks[0] >= 0 else None,  # [1, N]
                 )
 
     def _constrain_trees(self, works: list[SeqWork], trees: dict[int, DraftTree]) -> None:
@@ -165,7 +170,7 @@ class SpecRunner:
         host = _host_trees(works, trees, rows)
         for i in rows:
             work = works[i]
-            tokens, parents = host[i]
+            tokens, parents, _ = host[i]
             new_tokens, new_parents = self.sampler.grammars.constrain_tree(
                 work.request_id, work.params.grammar, work.output_token_ids, tokens, parents, work.num_draft_slots
             )
@@ -213,7 +218,7 @@ class SpecRunner:
             node_rows = _node_rows([trees[i].num_nodes for i in tree_order], tree.num_nodes, num_plain)
             node_drawn = drawn[node_rows.to(drawn.device)]  # [S, N]
             last, on_path = accepted_path(tree, node_drawn)
-            parts += [last, on_path.reshape(-1).long(), tree.token_ids.reshape(-1)]
+            parts += [last, on_path.reshape(-1).long(), tree.token_ids.reshape(-1), tree.ranks.reshape(-1)]
         host = torch.cat(parts).tolist()  # the step's one device-to-host transfer
         results: dict[str, SeqResult] = {}
         for k, i in enumerate(sampled):
@@ -224,19 +229,22 @@ class SpecRunner:
             base = len(drawn)
             lasts = host[base : base + num_trees]
             paths = host[base + num_trees : base + num_trees + num_trees * width]
-            tokens = host[base + num_trees + num_trees * width :]
+            tokens = host[base + num_trees + num_trees * width : base + num_trees + 2 * num_trees * width]
+            ranks = host[base + num_trees + 2 * num_trees * width :]
             first_row = num_plain
             for k, i in enumerate(tree_order):
                 work = works[i]
                 row_tokens = tokens[k * width : (k + 1) * width]
                 bonus = host[first_row + lasts[k]]
                 nodes, new_tokens = path_result(paths[k * width : (k + 1) * width], row_tokens, bonus, work.max_new_tokens)
+                row_ranks = ranks[k * width : (k + 1) * width]
                 results[work.request_id] = SeqResult(
                     work.request_id,
                     new_tokens,
                     num_draft_tokens=trees[i].num_nodes - 1,
                     num_accepted_tokens=len(nodes),
                     accepted_nodes=nodes,
+                    accepted_ranks=[row_ranks[n] for n in nodes] if row_ranks[0] >= 0 else None,
                 )
                 logprob_rows[work.request_id] = [first_row + n for n in [0, *nodes][: len(new_tokens)]]
                 first_row += trees[i].num_nodes
@@ -285,41 +293,54 @@ class SpecRunner:
             self.target.kv.move(torch.tensor(src, device=device), torch.tensor(dst, device=device))
 
 
-def _host_trees(works: list[SeqWork], trees: dict[int, DraftTree], rows: list[int]) -> dict[int, tuple[list[int], list[int]]]:
-    """Row -> (token ids, parent indices) of its tree, or of its root alone where it has none.
-    The trees come to the host in one transfer: on a GPU each transfer waits for the queued
-    draft forwards, so one per sequence would stall the step that many times."""
+def _host_trees(
+    works: list[SeqWork], trees: dict[int, DraftTree], rows: list[int]
+) -> dict[int, tuple[list[int], list[int], list[int]]]:
+    """Row -> (token ids, parent indices, ranks; -1 where unknown) of its tree, or of its root
+    alone where it has none. The trees come to the host in one transfer: on a GPU each transfer
+    waits for the queued draft forwards, so one per sequence would stall the step that many
+    times."""
     on_device = [i for i in rows if i in trees]
-    host: list[list[int]] = [[], []]
+    host: list[list[int]] = [[], [], []]
     if on_device:
-        host = torch.cat([torch.stack([trees[i].token_ids[0], trees[i].parents[0]]) for i in on_device], 1).tolist()
+        host = torch.cat(
+            [torch.stack([trees[i].token_ids[0], trees[i].parents[0], _ranks(trees[i])[0]]) for i in on_device], 1
+        ).tolist()
     out, start = {}, 0
     for i in rows:
         if i in trees:
             end = start + trees[i].num_nodes
-            out[i] = (host[0][start:end], host[1][start:end])
+            out[i] = (host[0][start:end], host[1][start:end], host[2][start:end])
             start = end
         else:
-            out[i] = ([works[i].token_ids[-1]], [-1])  # the root alone
+            out[i] = ([works[i].token_ids[-1]], [-1], [0])  # the root alone
     return out
+
+
+def _ranks(tree: DraftTree) -> torch.Tensor:
+    """[B, N] the tree's node ranks, -1 where unknown."""
+    return tree.ranks if tree.ranks is not None else torch.full_like(tree.token_ids, -1)
 
 
 def _padded_trees(trees: list[DraftTree]) -> DraftTree:
     """One [S, N] batch of single-sequence trees, N the largest; padding nodes carry token -1
-    (never accepted), hang off the root and see only themselves."""
+    (never accepted), hang off the root and see only themselves. Ranks are -1 for a tree whose
+    ranks are unknown."""
     width = max(t.num_nodes for t in trees)
     device = trees[0].token_ids.device
     token_ids = torch.full((len(trees), width), -1, dtype=torch.long, device=device)
     parents = torch.zeros(len(trees), width, dtype=torch.long, device=device)
     depths = torch.ones(len(trees), width, dtype=torch.long, device=device)
     mask = torch.eye(width, dtype=torch.bool, device=device).repeat(len(trees), 1, 1)
+    ranks = torch.zeros(len(trees), width, dtype=torch.long, device=device)
     for s, tree in enumerate(trees):
         n = tree.num_nodes
         token_ids[s, :n] = tree.token_ids[0]
         parents[s, :n] = tree.parents[0]
         depths[s, :n] = tree.depths[0]
         mask[s, :n, :n] = tree.ancestor_mask[0]
-    return DraftTree(token_ids, parents, depths, mask)
+        ranks[s, :n] = _ranks(tree)[0]
+    return DraftTree(token_ids, parents, depths, mask, ranks)
 
 
 def _node_rows(sizes: list[int], width: int, first: int) -> torch.Tensor:

@@ -12,12 +12,10 @@ from eagle_core.batch import ScheduledBatch, StepResult
 from eagle_core.config import (
     AUTO_DRAFT,
     DEFAULT_MODEL,
-    NARROW_SPEC,
-    WIDE_SPEC,
+    SPEC_DEFAULTS,
     EngineConfig,
     ModelConfig,
     SpecConfig,
-    SpecDefaults,
 )
 from eagle_core.errors import ModelLoadError
 from eagle_core.grammar import GrammarCompiler, GrammarMasks
@@ -31,7 +29,7 @@ from eagle_core.worker import attention
 from eagle_core.worker.compiled import CompileSettings
 from eagle_core.worker.invariant_linear import wrap_linears
 from eagle_core.worker.kv_storage import KVStorage
-from eagle_core.worker.loader import cpu_has_amx_bf16, cpu_has_native_bf16, dtype_name, load_model
+from eagle_core.worker.loader import cpu_has_amx_bf16, dtype_name, load_model
 from eagle_core.worker.model_runner import PlainRunner, TargetModel, kv_shape
 from eagle_core.worker.packed_linear import pack_linears, wants_packing
 from eagle_core.worker.sampler import Sampler
@@ -237,18 +235,10 @@ def resolve_draft(config: EngineConfig) -> str | None:
     return None
 
 
-def spec_defaults(device: torch.device, dtype: torch.dtype) -> SpecDefaults:
-    """The tree for unset spec fields: narrow where a CPU's matmuls run in fp32 (or emulated
-    bf16), wide elsewhere (see WIDE_SPEC and NARROW_SPEC)."""
-    if device.type == "cpu" and not (dtype == torch.bfloat16 and cpu_has_native_bf16()):
-        return NARROW_SPEC
-    return WIDE_SPEC
-
-
 def derive_config(config: EngineConfig, model_config, dtype, device) -> EngineConfig:
     """Fill in max_model_len, the KV size in tokens and the draft tree (a new config; the input
     is frozen)."""
-    spec = config.spec.with_defaults(spec_defaults(device, dtype))
+    spec = config.spec.with_defaults(SPEC_DEFAULTS)
     model_max = getattr(model_config, "max_position_embeddings", None) or _DEFAULT_MAX_MODEL_LEN_CAP
     max_model_len = config.model.max_model_len or min(model_max, _DEFAULT_MAX_MODEL_LEN_CAP)
     if max_model_len > model_max:

@@ -72,6 +72,7 @@ GAUGES = {
     "eagle_num_requests_running", "eagle_num_requests_waiting", "eagle_kv_cache_usage_perc",
     "eagle_spec_policy_drafting_sequences", "eagle_spec_policy_expected_tokens_per_second",
     "eagle_spec_policy_step_seconds", "eagle_spec_policy_head_acceptance", "eagle_spec_policy_feed_seconds",
+    "eagle_spec_policy_tree_tokens",
 }
 INFOS = {"eagle_model_info"}
 KNOWN_SERIES = (
@@ -362,6 +363,7 @@ def test_dashboard_covers_the_required_views():
         "sum by (reason) (rate(eagle_spec_decode_fallback_total",
         "sum by (reason) (rate(eagle_request_failure_total",
         "eagle_spec_policy_drafting_sequences",
+        "eagle_spec_policy_tree_tokens",
         "eagle_spec_policy_step_seconds",
         "sum by (finished_reason) (rate(eagle_request_success_total",
     ):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from eagle_core import Engine, EngineConfig, SamplingParams, SpecConfig
-from eagle_core.config import WIDE_SPEC, CacheConfig, ModelConfig
+from eagle_core.config import SPEC_DEFAULTS, CacheConfig, ModelConfig
 from tests.engine_helpers import hf_greedy, random_prompts, run_staggered
 from tests.models import TINY_VOCAB_SIZE
 from tests.spec_helpers import random_head_dir
@@ -26,7 +26,7 @@ def cuda_engine(model_dir, draft=None, dtype="float32", compile="off") -> Engine
         EngineConfig(
             model=ModelConfig(model=str(model_dir), dtype=dtype, device="cuda", compile=compile),
             cache=CacheConfig(kv_cache_tokens=8192),
-            spec=dataclasses.replace(SpecConfig().with_defaults(WIDE_SPEC), draft=draft, max_batch=0),
+            spec=dataclasses.replace(SpecConfig().with_defaults(SPEC_DEFAULTS), draft=draft, max_batch=0),
         )
     )
 

@@ -32,6 +32,7 @@ def _work(request_id: str, tokens: list[int], t: int, blocks: list[int], drafts:
         block_table=blocks,
         sample=True,
         num_draft_slots=2 if drafts else 0,
+        num_tree_slots=2 if drafts else 0,
         params=SamplingParams(),
         prompt_token_ids=tokens,
         output_token_ids=[],

@@ -59,6 +59,7 @@ def _decode_work(tokens: list[int], t: int, blocks: list[int]) -> SeqWork:
         block_table=blocks,
         sample=True,
         num_draft_slots=2,
+        num_tree_slots=2,
         params=SamplingParams(),
         prompt_token_ids=tokens,
         output_token_ids=[],

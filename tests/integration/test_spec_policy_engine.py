@@ -1,6 +1,6 @@
 """The speculation policy in the engine: start-up costs measured on the real path, and exact
-output while the choice of who drafts (head tree, lookup chain alone, nothing) changes every
-step."""
+output while the choice of who drafts (head tree, lookup chain alone, nothing) and of the
+trees' size changes every step."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import random
 import pytest
 
 from eagle_core import SamplingParams, SpecConfig
-from eagle_core.spec.policy import Choice
+from eagle_core.spec.policy import Choice, SpeculationPolicy
 from eagle_core.step_costs import batch_sizes
 from tests.engine_helpers import make_engine, random_prompts, run_staggered
 from tests.models import TINY_VOCAB_SIZE
@@ -26,14 +26,18 @@ SPEC = SpecConfig(num_draft_tokens=6, depth=3, top_k=2, lookup_tokens=4)
 
 
 def shuffled(engine, seed: int):
-    """Make the engine's policy draw who drafts at random each step."""
+    """Make the engine's policy draw who drafts, and the trees' size, at random each step."""
     rng = random.Random(seed)
+    sizes = []
 
     def choose(candidates, other_rows=0):
         ids = [c.request_id for c in candidates]
         head = frozenset(c.request_id for c in candidates if c.head and rng.random() < 0.5)
         lookup = frozenset(i for i in ids if i not in head and rng.random() < 0.5)
-        return Choice(head, lookup, 0.0)
+        sizes.append(rng.randint(2, SPEC.num_draft_tokens))
+        return Choice(head, lookup, 0.0, tree_nodes=sizes[-1])
+
+    engine.chosen_sizes = sizes
 
     engine.policy.choose = choose
     return engine
@@ -43,8 +47,9 @@ def test_start_up_measures_the_step_costs_and_leaves_the_pool_empty(bigram):
     target, oracle = bigram
     engine = make_engine(target, draft=str(oracle), spec=SPEC, spec_max_batch=None, max_num_seqs=4)
     costs = engine.policy.costs.as_dict()
-    assert sorted(costs["plain"]) == sorted(costs["spec"]) == batch_sizes(4) == [1, 2, 4]
-    assert all(seconds > 0 for kind in ("plain", "spec") for seconds in costs[kind].values())
+    assert sorted(costs["plain"]) == sorted(costs["draft"]) == batch_sizes(4) == [1, 2, 4]
+    assert all(seconds > 0 for kind in ("plain", "draft") for seconds in costs[kind].values())
+    assert costs["depth"] == SPEC.depth
     assert costs["feed"] >= 0
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     assert engine.worker.runner.drafter.states == {} and not engine.has_unfinished()
@@ -66,6 +71,13 @@ def test_greedy_is_exact_while_the_choice_changes_every_step(tiny_model_dirs, tm
     assert run_staggered(engine, prompts, params, first=6) == plain
     fallbacks = engine.stats["spec_fallbacks"]
     assert engine.stats["spec_num_drafts"] > 0 and fallbacks.get("policy", 0) > 0
+    assert set(engine.chosen_sizes) == set(range(2, SPEC.num_draft_tokens + 1))
+    # the served steps' accepted ranks taught the policy what every smaller tree accepts
+    learned = engine.policy.acceptance.prior[True].head
+    initial = SpeculationPolicy(engine.policy.costs, SPEC.num_draft_tokens).acceptance.prior[True].head
+    assert all(learned[n] != initial[n] for n in range(2, SPEC.num_draft_tokens + 1))
+    # the oracle's best child is accepted almost always; larger trees accept more
+    assert learned[2] > 0.8 and learned[SPEC.num_draft_tokens] > learned[2] + 0.2
 
 
 def test_seeded_sampling_with_penalties_is_exact_while_the_choice_changes(bigram):

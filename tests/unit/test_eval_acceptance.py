@@ -45,17 +45,15 @@ def test_groups_must_label_every_prompt():
         acceptance(llm, convs, 0.0, 96, 0, groups=["writing"])
 
 
-def test_eval_tree_is_the_configured_one_or_the_machines_default(monkeypatch):
-    from eagle_core.config import NARROW_SPEC
+def test_eval_tree_is_the_configured_one_or_the_servers_largest():
+    from eagle_core.config import SPEC_DEFAULTS
     from eagle_core.train import evaluate
     from eagle_core.train.config import EvalConfig, TrainConfig
-    from eagle_core.worker import worker
 
-    monkeypatch.setattr(worker, "spec_defaults", lambda device, dtype: NARROW_SPEC)
-    assert evaluate.eval_tree(TrainConfig(eval=EvalConfig(tree=(8, 3, 3), lookup_tokens=0))) == {
-        "num_draft_tokens": 8, "depth": 3, "top_k": 3, "lookup_tokens": 0}
+    assert evaluate.eval_tree(TrainConfig(eval=EvalConfig(tree=(3, 2, 2), lookup_tokens=0))) == {
+        "num_draft_tokens": 3, "depth": 2, "top_k": 2, "lookup_tokens": 0}
     assert evaluate.eval_tree(TrainConfig()) == {
-        "num_draft_tokens": 3, "depth": 2, "top_k": 2, "lookup_tokens": NARROW_SPEC.lookup_tokens}
+        "num_draft_tokens": 8, "depth": 3, "top_k": 3, "lookup_tokens": SPEC_DEFAULTS.lookup_tokens}
 
 
 @pytest.mark.parametrize("tree", [(8, 3), (8, 0, 3)])

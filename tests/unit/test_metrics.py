@@ -15,7 +15,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from eagle_core.config import NARROW_SPEC, WIDE_SPEC, EngineConfig, SpecConfig
+from eagle_core.config import SPEC_DEFAULTS, EngineConfig, SpecConfig
 from eagle_core.outputs import RequestOutput
 from server import errors
 from server.metrics import (
@@ -228,16 +228,17 @@ def test_engine_counters_export_their_increase():
 def test_the_speculation_policy_exports_its_choice_and_cost_model():
     from eagle_core.spec.policy import Candidate, SpeculationPolicy, StepCosts
 
-    policy = SpeculationPolicy(StepCosts({1: 0.020, 4: 0.024}, {1: 0.030, 4: 0.070}))
+    policy = SpeculationPolicy(StepCosts({1: 0.020, 4: 0.024}, {1: 0.010, 4: 0.040}), max_tree_nodes=2)
     policy.choose([Candidate("a", True, head=True)])
     m, client = make_metrics(engine=stub_engine())
     client.engine_stats = {**spec_stats(0, 0, 0, [0] * 7), "spec_policy": policy.as_dict()}
     m.render()
     assert value(m, "eagle_spec_policy_drafting_sequences") == 1
-    assert value(m, "eagle_spec_policy_expected_tokens_per_second") == pytest.approx(2 / 0.030)
+    assert value(m, "eagle_spec_policy_tree_tokens") == 2
+    assert value(m, "eagle_spec_policy_expected_tokens_per_second") == pytest.approx(2 / (policy.costs.plain(2) + 0.010))
     assert value(m, "eagle_spec_policy_step_seconds", kind="plain", batch="4") == 0.024
-    assert value(m, "eagle_spec_policy_step_seconds", kind="drafting", batch="1") == 0.030
-    assert value(m, "eagle_spec_policy_head_acceptance", sampling="greedy") == 1.0
+    assert value(m, "eagle_spec_policy_step_seconds", kind="draft", batch="1") == 0.010
+    assert value(m, "eagle_spec_policy_head_acceptance", sampling="greedy", tree_tokens="2") == 1.0
     assert value(m, "eagle_spec_policy_feed_seconds") == 0.0
 
 
@@ -322,7 +323,7 @@ def test_acceptance_length_buckets_are_the_integers():
     """An acceptance length is an integer 1..depth+1 (or lookup_tokens+1): one edge per integer makes each bucket
     hold exactly one value, so the heatmap shows the true distribution."""
     assert ACCEPTANCE_LENGTH_BUCKETS == tuple(float(k) for k in range(1, 17))
-    longest = max(max(spec.depth, spec.lookup_tokens) for spec in (WIDE_SPEC, NARROW_SPEC))
+    longest = max(SPEC_DEFAULTS.depth, SPEC_DEFAULTS.lookup_tokens)
     assert longest + 1 <= ACCEPTANCE_LENGTH_BUCKETS[-1]
 
 

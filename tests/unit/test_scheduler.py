@@ -265,6 +265,31 @@ def test_the_policy_is_told_of_the_prefill_rows_the_step_will_admit():
     assert batch.seqs[0].draft_skip_reason == "policy"
 
 
+class _Sized(_Recording):
+    """A policy that lets everyone draft trees of `tree_nodes` nodes."""
+
+    def __init__(self, tree_nodes):
+        super().__init__()
+        self.tree_nodes = tree_nodes
+
+    def choose(self, candidates, other_rows=0):
+        return Choice(frozenset(c.request_id for c in candidates), frozenset(), 0.0, tree_nodes=self.tree_nodes)
+
+
+def test_the_policys_tree_size_sets_the_tree_slots_and_lookup_slots_come_on_top():
+    policy = _Sized(3)
+    scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=64), BlockManager(64, 4), num_draft_slots=7,
+                          num_lookup_slots=5, policy=policy)
+    scheduler.add(request("a", 5))
+    step(scheduler)
+    batch, _ = step(scheduler)
+    w = batch.seqs[0]
+    assert (w.num_tree_slots, w.num_draft_slots, w.drafts_with_head) == (2, 2 + 5, True)
+    policy.tree_nodes = None  # the largest
+    batch, _ = step(scheduler)
+    assert (batch.seqs[0].num_tree_slots, batch.seqs[0].num_draft_slots) == (7, 7 + 5)
+
+
 # ---- prefix caching -------------------------------------------------------------------------
 
 

@@ -728,12 +728,13 @@ async def test_debug_speculation_shows_the_policy_state(server):
 
     _, client, http = server
     assert (await http.get("/debug/speculation")).json() == {"policy": None}
-    policy = SpeculationPolicy(StepCosts({1: 0.020, 4: 0.024}, {1: 0.030, 4: 0.070}))
+    policy = SpeculationPolicy(StepCosts({1: 0.020, 4: 0.024}, {1: 0.010, 4: 0.040}), max_tree_nodes=2)
     policy.choose([Candidate("a", True, head=True)])
     client.engine_stats = {"spec_policy": policy.as_dict()}
     state = (await http.get("/debug/speculation")).json()["policy"]
-    assert state["drafting"] == 1 and state["costs"]["spec"] == {"1": 0.030, "4": 0.070} and state["costs"]["feed"] == 0
-    assert state["expected_tokens_per_second"] == pytest.approx(2 / 0.030)
+    assert state["drafting"] == 1 and state["tree_nodes"] == 2
+    assert state["costs"]["draft"] == {"1": 0.010, "4": 0.040} and state["costs"]["feed"] == 0
+    assert state["expected_tokens_per_second"] == pytest.approx(2 / (policy.costs.plain(2) + 0.010))
 
 
 async def test_debug_routes_need_the_api_key():

@@ -1,5 +1,5 @@
-"""The speculation policy on synthetic step costs and acceptance (no model): who drafts as load,
-acceptance and costs change."""
+"""The speculation policy on synthetic step costs and acceptance (no model): who drafts, and how
+large a tree, as load, acceptance and costs change."""
 
 from __future__ import annotations
 
@@ -16,24 +16,37 @@ from eagle_core.spec.policy import (
     CostTable,
     SpeculationPolicy,
     StepCosts,
+    accepted_by_size,
 )
 
+N = 8  # the configured (largest) tree
 
-def costs(plain_ms=(20.0, 0.5), spec_ms=(30.0, 8.0), sizes=(1, 2, 4, 8, 16, 32)) -> StepCosts:
+
+def costs(plain_ms=(20.0, 0.5), draft_ms=(8.0, 4.0), sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256), depth=3) -> StepCosts:
     """Linear synthetic costs: plain a + b * rows, drafting c + d * sequences (ms)."""
     a, b = plain_ms
-    c, d = spec_ms
-    return StepCosts({n: (a + b * n) / 1e3 for n in sizes}, {n: (c + d * n) / 1e3 for n in sizes})
+    c, d = draft_ms
+    return StepCosts({n: (a + b * n) / 1e3 for n in sizes}, {n: (c + d * n) / 1e3 for n in sizes}, depth=depth)
+
+
+def policy_with(c: StepCosts, **kwargs) -> SpeculationPolicy:
+    return SpeculationPolicy(c, max_tree_nodes=N, **kwargs)
 
 
 def candidates(n: int, greedy=True) -> list[Candidate]:
     return [Candidate(f"r{i}", greedy, head=True) for i in range(n)]
 
 
-def record(policy: SpeculationPolicy, request_ids, accepted: float, times=10, greedy=True):
+def curve(full: float) -> list[float]:
+    """Accepted drafts by tree size, concave, `full` at N nodes."""
+    return [0.0, 0.0] + [full * (1 - 0.6 ** (n - 1)) / (1 - 0.6 ** (N - 1)) for n in range(2, N + 1)]
+
+
+def record(policy: SpeculationPolicy, request_ids, accepted: float | list[float], times=10, greedy=True):
+    by_size = curve(accepted) if isinstance(accepted, (int, float)) else accepted
     for _ in range(times):
         for request_id in request_ids:
-            policy.acceptance.record_head(request_id, greedy, accepted)
+            policy.acceptance.record_head(request_id, greedy, by_size, range(2, N + 1))
 
 
 # ---- the cost table
@@ -48,17 +61,29 @@ def test_cost_table_interpolates_extrapolates_and_follows_observations():
     assert table(8) == 6.0  # points outside the observed segment stay
 
 
-def test_a_mixed_step_costs_the_trees_plus_the_other_rows_at_plain_prices():
+def test_a_step_costs_its_rows_at_plain_prices_plus_drafting_at_its_forwards_share():
     c = costs()
     assert c.step(4, 0) == pytest.approx(0.022)
-    assert c.step(4, 4) == pytest.approx(0.062)
-    assert c.step(4, 1) == pytest.approx(0.038 + 0.022 - 0.0205)
+    assert c.step(4 + 4 * 7, 4) == pytest.approx(0.036 + 0.024)  # four full trees
+    assert c.step(4 + 1 * 2, 1, tree_nodes=3) == pytest.approx(0.023 + 0.012 * 2 / 3)  # depth 2 of 3
+    assert c.step(2, 1, tree_nodes=2) == pytest.approx(0.021 + 0.012 / 3)  # one draft forward of 3
+    assert c.forwards(2) == 1 and c.forwards(4) == 3 and c.forwards(8) == 3
+
+
+# ---- what smaller trees would have accepted
+
+def test_a_path_tells_what_every_smaller_tree_would_have_accepted():
+    # the accepted path's nodes ranked 1, 3 and 6 in the step's score order
+    assert accepted_by_size([1, 3, 6], 8) == [0, 0, 1, 1, 2, 2, 2, 3, 3]
+    # a lookup node (rank 0) would be there with any tree; a head node after it keeps its rank
+    assert accepted_by_size([0, 0, 5], 6) == [0, 0, 2, 2, 2, 2, 3]
+    assert accepted_by_size([], 4) == [0] * 5
 
 
 # ---- choices
 
 def test_it_drafts_less_as_load_grows():
-    policy = SpeculationPolicy(costs())
+    policy = policy_with(costs())
     record(policy, [f"r{i}" for i in range(32)], 1.5)
     drafting = [len(policy.choose(candidates(n)).head) for n in (1, 2, 4, 8, 16, 32)]
     assert drafting[0] == 1 and drafting[-1] == 0
@@ -66,46 +91,70 @@ def test_it_drafts_less_as_load_grows():
         (k / n for k, n in zip(drafting, (1, 2, 4, 8, 16, 32))), reverse=True)
 
 
+def test_trees_shrink_as_load_grows_and_grow_where_rows_are_cheap():
+    """Each extra node is worth less than the last (a concave acceptance curve): a batch of one,
+    whose rows cost little, verifies the full tree; a loaded step only the best few nodes."""
+    policy = policy_with(costs(plain_ms=(20.0, 0.25), draft_ms=(4.0, 1.0)))
+    record(policy, [f"r{i}" for i in range(16)], 2.5)
+    sizes = {}
+    for batch in (1, 2, 4, 8, 16):
+        choice = policy.choose(candidates(batch))
+        assert len(choice.head) == batch
+        sizes[batch] = choice.tree_nodes
+    assert sizes[1] == N and 2 <= sizes[16] < sizes[4] <= sizes[1]
+    assert list(sizes.values()) == sorted(sizes.values(), reverse=True)
+    # rows four times as dear: a smaller tree at batch 1 too
+    dear = policy_with(costs(plain_ms=(20.0, 1.0), draft_ms=(4.0, 1.0)))
+    record(dear, ["r0"], 2.5)
+    assert dear.choose(candidates(1)).tree_nodes < N
+
+
+def test_a_pinned_size_is_the_only_size():
+    policy = policy_with(costs(plain_ms=(20.0, 1.0), draft_ms=(4.0, 1.0)), choose_size=False)
+    record(policy, [f"r{i}" for i in range(16)], 2.5)
+    assert {policy.choose(candidates(b)).tree_nodes for b in (1, 16)} == {N}
+
+
 def test_it_drafts_more_as_acceptance_rises():
     counts = []
     for accepted in (0.1, 0.5, 1.0, 2.0, 4.0):
-        policy = SpeculationPolicy(costs())
+        policy = policy_with(costs())
         record(policy, [f"r{i}" for i in range(4)], accepted)
         counts.append(len(policy.choose(candidates(4)).head))
     assert counts[0] == 0 and counts[-1] == 4 and counts == sorted(counts)
 
 
 def test_the_requests_that_accept_most_draft_first():
-    policy = SpeculationPolicy(costs())
+    policy = policy_with(costs())
     record(policy, ["r0", "r2"], 0.0)
     record(policy, ["r1", "r3"], 3.0)
     assert policy.choose(candidates(4)).head == {"r1", "r3"}
 
 
-def test_nothing_drafts_where_drafting_cannot_pay_except_bounded_probes():
-    policy = SpeculationPolicy(costs(spec_ms=(200.0, 50.0)))
+def test_nothing_drafts_where_drafting_cannot_pay_except_bounded_full_tree_probes():
+    policy = policy_with(costs(draft_ms=(200.0, 50.0)))
     record(policy, ["r0"], 4.0)
     choices = [policy.choose(candidates(1)) for _ in range(2000)]
     probes = [c for c in choices if c.head]
-    assert all(c.probe for c in probes)
-    plain, extra = 0.0205, 0.250 - 0.0205
+    assert all(c.probe and c.tree_nodes == N for c in probes)
+    plain, extra = 0.0205, 0.250 + 0.0035
     interval = min(MAX_PROBE_INTERVAL, math.ceil(extra / (PROBE_SHARE * plain)))
     assert len(probes) == len(choices) // interval
-    cheaper = SpeculationPolicy(costs(spec_ms=(60.0, 10.0)))  # probes within their share of the time
+    cheaper = policy_with(costs(draft_ms=(40.0, 10.0)))  # probes within their share of the time
     record(cheaper, ["r0"], 0.2)
     probes = sum(bool(cheaper.choose(candidates(1)).head) for _ in range(2000))
-    assert 0 < probes * (0.070 - plain) <= PROBE_SHARE * 2000 * plain
+    assert 0 < probes * (0.050 + 0.0035) <= PROBE_SHARE * 2000 * plain
 
 
 def test_sequences_without_room_never_draft():
-    policy = SpeculationPolicy(costs())
+    policy = policy_with(costs())
     record(policy, ["r0", "r1"], 3.0)
     choice = policy.choose([Candidate("r0", True, head=False), Candidate("r1", True, head=True)])
     assert choice.head == {"r1"}
 
 
 def test_it_stops_when_drafts_fail_and_recovers_when_acceptance_returns():
-    policy = SpeculationPolicy(costs())
+    policy = policy_with(costs())
 
     def run(steps: int, accepted: float) -> list[bool]:
         drafted = []
@@ -113,7 +162,7 @@ def test_it_stops_when_drafts_fail_and_recovers_when_acceptance_returns():
             choice = policy.choose(candidates(1))
             drafted.append(bool(choice.head))
             if choice.head:
-                policy.acceptance.record_head("r0", True, accepted)
+                policy.acceptance.record_head("r0", True, curve(accepted), range(2, choice.tree_nodes + 1))
         return drafted
 
     assert all(run(50, 2.0))
@@ -124,16 +173,16 @@ def test_it_stops_when_drafts_fail_and_recovers_when_acceptance_returns():
 
 
 def test_temperature_is_a_signal_greedy_and_sampled_requests_learn_apart():
-    policy = SpeculationPolicy(costs())
+    policy = policy_with(costs())
     for i in range(300):
-        policy.acceptance.record_head(f"g{i}", True, 2.5)
-        policy.acceptance.record_head(f"s{i}", False, 0.1)
+        policy.acceptance.record_head(f"g{i}", True, curve(2.5), range(2, N + 1))
+        policy.acceptance.record_head(f"s{i}", False, curve(0.1), range(2, N + 1))
     fresh = [Candidate("new-greedy", True, head=True), Candidate("new-sampled", False, head=True)]
     assert policy.choose(fresh).head == {"new-greedy"}
 
 
 def test_lookup_alone_only_where_it_pays():
-    policy = SpeculationPolicy(costs(spec_ms=(200.0, 50.0)))
+    policy = policy_with(costs(draft_ms=(200.0, 50.0)))
     for _ in range(20):
         policy.acceptance.record_lookup("r0", True, 3, 4)  # a chain of 4, 3 accepted
         policy.acceptance.record_lookup("r1", True, 0, 8)  # chains that never hold
@@ -144,32 +193,42 @@ def test_lookup_alone_only_where_it_pays():
 # ---- learning from served steps
 
 def work(request_id: str, slots: int, skip: str | None = None) -> SeqWork:
+    """A decode step with `slots` draft slots, all of them the head tree's unless `skip`."""
     return SeqWork(request_id, [5], 10, [0], True, slots, SamplingParams(temperature=0), [1] * 10, [2],
-                   100, draft_skip_reason=skip)
+                   100, num_tree_slots=0 if skip else slots, draft_skip_reason=skip)
 
 
-def test_observed_steps_move_the_tables_and_the_acceptance():
-    policy = SpeculationPolicy(costs())
+def test_observed_steps_move_the_tables_and_the_acceptance_of_every_smaller_tree():
+    policy = policy_with(costs())
     batch = ScheduledBatch([work("a", 7), work("b", 0, skip="policy")])
-    result = StepResult({"a": SeqResult("a", [1, 2, 3], 7, 2), "b": SeqResult("b", [4])})
-    before = policy.costs.step(2, 1)
+    drafted = SeqResult("a", [1, 2, 3], 7, 2, accepted_ranks=[1, 3])
+    result = StepResult({"a": drafted, "b": SeqResult("b", [4])})
+    before = policy.costs.step(9, 1)  # 8 tree rows + b's
     policy.observe(batch, result, 0.500)
     # "a" had never drafted: it owed the head its 10 tokens, so the step prices feeding, not trees
-    assert policy.costs.step(2, 1) == before and policy.costs.feed > 0
+    assert policy.costs.step(9, 1) == before and policy.costs.feed > 0
     for _ in range(100):  # the same position again: "a" now owes nothing extra
         policy.observe(batch, result, 0.100)
-    assert policy.costs.step(2, 1) == pytest.approx(0.100, rel=0.02) and before < 0.05
-    assert policy.acceptance.head("a", True) == pytest.approx(2.0)
+    assert policy.costs.step(9, 1) == pytest.approx(0.100, rel=0.02) and before < 0.05
+    assert policy.acceptance.head("a", True)[2:] == pytest.approx([1, 1, 2, 2, 2, 2, 2])
     plain = ScheduledBatch([work("a", 0, skip="policy"), work("b", 0, skip="policy")])
     for _ in range(100):
         policy.observe(plain, StepResult({"a": SeqResult("a", [1]), "b": SeqResult("b", [4])}), 0.010)
     assert policy.costs.step(2, 0) == pytest.approx(0.010, rel=0.02)
 
 
+def test_a_tree_of_unknown_ranks_tells_only_its_own_size():
+    policy = policy_with(costs())
+    prior = list(policy.acceptance.head("a", True))
+    policy.observe(ScheduledBatch([work("a", 4)]), StepResult({"a": SeqResult("a", [1, 2, 3], 4, 2)}), 0.020)
+    own = policy.acceptance.head("a", True)
+    assert own[5] == 2 and own[:5] == prior[:5] and own[6:] == prior[6:]
+
+
 def test_a_head_tree_that_came_to_nothing_is_not_taken_for_a_failed_lookup_chain():
     """A grammar may forbid a whole head tree: the step verified nothing for that sequence, which
     says nothing about its context lookup."""
-    policy = SpeculationPolicy(costs())
+    policy = policy_with(costs())
     prior = policy.acceptance.lookup("a", True)
     policy.observe(ScheduledBatch([work("a", 7)]), StepResult({"a": SeqResult("a", [1])}), 0.020)
     assert policy.acceptance.lookup("a", True) == prior and "a" not in policy.acceptance.requests
@@ -178,7 +237,7 @@ def test_a_head_tree_that_came_to_nothing_is_not_taken_for_a_failed_lookup_chain
 
 
 def test_owing_the_head_a_long_context_costs_what_feeding_it_costs():
-    policy = SpeculationPolicy(StepCosts({1: 0.020, 8: 0.024}, {1: 0.030, 8: 0.070}, feed=0.001), max_owed=272)
+    policy = policy_with(StepCosts({1: 0.020, 8: 0.024}, {1: 0.010, 8: 0.050}, feed=0.001), max_owed=272)
     record(policy, ["new", "warm"], 1.5)
     policy.fed["warm"] = 298  # drafted at the previous step
     assert policy.choose([Candidate("new", True, head=True, context_len=300)]).head == frozenset()
@@ -186,3 +245,18 @@ def test_owing_the_head_a_long_context_costs_what_feeding_it_costs():
     # both decoding: the one that owes little drafts, the other does not
     both = [Candidate("new", True, head=True, context_len=300), Candidate("warm", True, head=True, context_len=300)]
     assert policy.choose(both).head == {"warm"}
+
+
+def test_small_trees_are_checked_against_the_largest_now_and_then():
+    """While smaller trees are chosen, a bounded share of drafting steps drafts the largest, so
+    estimates for sizes not chosen stay measured."""
+    policy = policy_with(costs(plain_ms=(20.0, 2.0), draft_ms=(4.0, 1.0)))
+    record(policy, ["r0"], 2.5)
+    choices = [policy.choose(candidates(1)) for _ in range(1000)]
+    small = [c for c in choices if not c.probe]
+    probes = [c for c in choices if c.probe]
+    assert small and all(c.tree_nodes < N for c in small)
+    assert probes and all(c.tree_nodes == N and c.head == {"r0"} for c in probes)
+    seconds = policy.costs.step(1 + small[0].tree_nodes - 1, 1, tree_nodes=small[0].tree_nodes)
+    extra = policy.costs.step(N, 1) - seconds
+    assert len(probes) * extra <= PROBE_SHARE * len(small) * seconds * 1.05

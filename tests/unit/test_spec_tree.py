@@ -65,6 +65,15 @@ def test_select_keeps_best_and_orders_by_candidate_index():
     assert tree.num_nodes == 5 and tree.batch_size == 1
 
 
+def test_ranks_are_the_score_order_so_the_best_n_nodes_are_those_of_rank_below_n():
+    tree = hand_tree(num_nodes=5)  # nodes 10, 11, 12, 15 ranked by score 1, 4, 2, 3
+    assert tree.ranks.tolist() == [[0, 1, 4, 2, 3]]
+    for n in range(1, 5):
+        smaller = hand_tree(num_nodes=n)
+        kept = [t for t, r in zip(tree.token_ids[0].tolist(), tree.ranks[0].tolist()) if r < n]
+        assert smaller.token_ids[0].tolist() == kept
+
+
 def test_paths_children_leaves_positions():
     tree = hand_tree(num_nodes=5)
     assert tree.children(0) == [[1, 2], [3], [], [4], []]
