@@ -277,8 +277,9 @@ class ServerMetrics:
         self.spec_policy_step_seconds = gauge(
             "eagle_spec_policy_step_seconds",
             "The policy's cost model: seconds of a step whose target computes `batch` rows "
-            "(kind=plain), or seconds drafting full-depth trees adds for `batch` drafting "
-            "sequences (kind=draft); measured at start-up, then following served steps.",
+            "(kind=plain); for `batch` drafting sequences, seconds their first draft forward and "
+            "tree bookkeeping add (kind=draft) and seconds of each further draft forward "
+            "(kind=level); measured at start-up, then following served steps.",
             "kind", "batch",
         )
         self.spec_policy_feed_seconds = gauge(
@@ -408,7 +409,8 @@ class ServerMetrics:
             self.spec_policy_drafting.labels(model).set(policy["drafting"])
             self.spec_policy_tree_tokens.labels(model).set(policy["tree_nodes"])
             self.spec_policy_goodput.labels(model).set(policy["expected_tokens_per_second"])
-            for kind, table in (("plain", policy["costs"]["plain"]), ("draft", policy["costs"]["draft"])):
+            for kind in ("plain", "draft", "level"):
+                table = policy["costs"][kind]
                 for batch, seconds in table.items():
                     self.spec_policy_step_seconds.labels(model, kind, str(batch)).set(seconds)
             self.spec_policy_feed_seconds.labels(model).set(policy["costs"]["feed"])

@@ -530,10 +530,11 @@ class StepCostModel(BaseModel):
         description="seconds of a step whose target computes this many rows (decode tokens and tree nodes)"
     )
     draft: dict[int, float] = Field(
-        description="seconds drafting full-depth trees adds to a step, by drafting sequences"
+        description="seconds the first draft forward and the tree bookkeeping add to a step, by drafting sequences"
     )
+    level: dict[int, float] = Field(description="seconds of each further draft forward, by drafting sequences")
     feed: float = Field(description="seconds per draft entry a sequence owes the head before it drafts again")
-    depth: int = Field(description="draft forwards of a full-depth tree; a smaller tree is priced at its share")
+    depth: int = Field(description="draft forwards of the largest tree; a tree of n tokens takes min(depth, n - 1)")
 
 
 class SpeculationPolicyState(BaseModel):

@@ -13,9 +13,10 @@ blocks cover both. A step drafts in two phases, before the target forward:
    of a decoding sequence reads the root (the last sampled token) and gives the root's
    children.
 2. tree levels: depth - 1 more forwards (fewer when the step's trees are too small to reach
-   that deep) over the top_k frontier nodes of every speculating sequence. These entries are provisional: they sit at positions past the sequence's context
-   (in its reserved blocks, then in per-row scratch blocks beyond the shared pool) and are
-   overwritten by the next step's catch-up, so the draft KV keeps committed tokens only.
+   that deep) over the top_k frontier nodes of every speculating sequence. These entries are
+   provisional: they sit at positions past the sequence's context (in its reserved blocks,
+   then in per-row scratch blocks beyond the shared pool) and are overwritten by the next
+   step's catch-up, so the draft KV keeps committed tokens only.
 """
 
 from __future__ import annotations

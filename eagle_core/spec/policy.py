@@ -12,13 +12,13 @@ only N when --num-draft-tokens pins it), where B sequences decode. k = 0 is plai
 chosen whenever no tree pays.
 
 Costs (`StepCosts`): `plain(r)`, the seconds of a step whose target forward computes r rows
-(decode tokens and tree nodes alike), and `draft(k)`, the seconds drafting adds for k
-sequences drafting full-depth trees; a tree of n nodes reaches depth n - 1 at most, so it is
-drafted with min(depth, n - 1) of the `depth` draft forwards and priced at that share. Plus
-`feed` seconds per draft entry the drafting sequences owe the head (a sequence that did not
-draft for a while first feeds it the features it kept, up to `max_owed` entries:
-spec/drafter.py). All three are measured on this machine at start-up (eagle_core/step_costs.py)
-and follow every decode-only step's wall time afterwards.
+(decode tokens and tree nodes alike); for k drafting sequences, `draft(k)`, the seconds their
+first draft forward and the tree bookkeeping add, and `level(k)`, the seconds of each further
+draft forward: a tree of n nodes reaches depth n - 1 at most, so it takes min(depth, n - 1)
+forwards. Plus `feed` seconds per draft entry the drafting sequences owe the head (a sequence
+that did not draft for a while first feeds it the features it kept, up to `max_owed` entries:
+spec/drafter.py). All are measured on this machine at start-up (eagle_core/step_costs.py) and
+follow every decode-only step's wall time afterwards.
 
 Acceptance (`Acceptance`): per request, moving averages of the draft tokens a step accepted,
 for head trees by tree size, and for lookup chains alone (with the rows such a chain verified).
@@ -60,6 +60,9 @@ PROBE_SHARE = 0.01
 """Most extra time probe steps may add to plain decoding (they set the probe interval), unless
 that would space them more than MAX_PROBE_INTERVAL steps apart."""
 MAX_PROBE_INTERVAL = 512
+PAST_PEAK = 0.8
+"""Adding drafting sequences stops once the expected rate falls below this share of its peak
+for the tree size at hand (a saving of Python time per step: the rate rises, then falls)."""
 INITIAL_HEAD_ACCEPTANCE = 1.0
 """Accepted head draft tokens per step assumed before any request has drafted: optimistic, so
 the first steps draft wherever that pays, and measurements take over within a few steps."""
@@ -69,7 +72,8 @@ INITIAL_LOOKUP_ROWS = 2.0
 
 class CostTable:
     """Seconds as a piecewise-linear function of a count, through measured points; constant
-    below the first point, along the last segment's slope (never negative) past the last."""
+    below the first point, along the last segment's slope (never negative) past the last
+    (constant with one point)."""
 
     def __init__(self, points: dict[int, float]):
         if not points:
@@ -98,6 +102,15 @@ class CostTable:
     def as_dict(self) -> dict[int, float]:
         return dict(zip(self.xs, self.ys))
 
+    def add(self, x: int, seconds: float) -> None:
+        """A measured point (averaged with one already at x)."""
+        i = bisect.bisect_left(self.xs, x)
+        if i < len(self.xs) and self.xs[i] == x:
+            self.ys[i] = (self.ys[i] + max(seconds, 0.0)) / 2
+        else:
+            self.xs.insert(i, x)
+            self.ys.insert(i, max(seconds, 0.0))
+
     def _bracket(self, n: float) -> tuple[tuple[int, int], tuple[float, float]]:
         """Indices of the points around n and their interpolation weights."""
         i = bisect.bisect_left(self.xs, n)
@@ -111,57 +124,69 @@ class CostTable:
 
     def _slope(self) -> float:
         if len(self.xs) < 2:
-            return self.ys[-1] / self.xs[-1]
+            return 0.0  # one point says nothing of growth
         return max((self.ys[-1] - self.ys[-2]) / (self.xs[-1] - self.xs[-2]), 0.0)
 
 
 class StepCosts:
     """What a decode step costs on this machine (see the module docstring)."""
 
-    def __init__(self, plain: dict[int, float], draft: dict[int, float], feed: float = 0.0, depth: int = 1):
+    def __init__(
+        self, plain: dict[int, float], draft: dict[int, float], level: dict[int, float] | None = None,
+        feed: float = 0.0, depth: int = 1,
+    ):
         self.plain = CostTable(plain)
         """Target rows (decode tokens and tree nodes) -> seconds of a step's target forward,
         sampling and verification; exactly a step's seconds where nobody drafts."""
         self.draft = CostTable(draft)
-        """Sequences drafting full-depth trees -> seconds drafting adds to their step."""
+        """Drafting sequences -> seconds drafting trees of one draft forward adds to their step
+        (the catch-up forward, tree selection and bookkeeping)."""
+        self.level = CostTable(level or {1: 0.0})
+        """Drafting sequences -> seconds of each further draft forward (tree level)."""
         self.feed = max(feed, 0.0)
         """Seconds per owed draft entry fed before drafting."""
         self.depth = depth
-        """Draft forwards of a full-depth tree (the configured depth)."""
+        """Draft forwards of the largest tree: min(configured depth, its nodes - 1)."""
 
-    def forwards(self, tree_nodes: int) -> int:
-        """Draft forwards a tree of `tree_nodes` nodes takes: it reaches depth tree_nodes - 1."""
-        return max(min(self.depth, tree_nodes - 1), 1)
+    def forwards(self, tree_nodes: int | None) -> int:
+        """Draft forwards a tree of `tree_nodes` nodes takes (None: the largest): it reaches
+        depth tree_nodes - 1."""
+        return self.depth if tree_nodes is None else max(min(self.depth, tree_nodes - 1), 1)
 
     def step(self, rows: float, drafting: int, owed: float = 0.0, tree_nodes: int | None = None) -> float:
         """Seconds of a step whose target computes `rows` rows, `drafting` sequences among them
-        drafting trees of `tree_nodes` nodes (None: full depth) that owe the head `owed` entries
-        beyond the one or few a sequence drafting every step owes."""
+        drafting trees of `tree_nodes` nodes (None: the largest) that owe the head `owed`
+        entries beyond the one or few a sequence drafting every step owes."""
         if drafting == 0:
             return self.plain(rows)
         return self.plain(rows) + self._drafting(drafting, tree_nodes) + self.feed * owed
 
     def observe(self, rows: float, drafting: int, seconds: float, owed: float = 0.0, tree_nodes: int | None = None) -> None:
         """Learn from a decode-only step's wall time: the plain table from a step where nobody
-        drafted, the draft table from one whose drafting sequences owed nothing extra, else the
-        per-entry feeding cost."""
+        drafted, the draft and level tables from one whose drafting sequences owed nothing
+        extra (the miss shared in proportion to what each predicted), else the per-entry
+        feeding cost."""
         if drafting == 0:
             self.plain.observe(rows, seconds)
         elif owed <= 0:
-            share = self._share(tree_nodes)
-            self.draft.observe(drafting, (seconds - self.plain(rows)) / share)
+            first = self.draft(drafting)
+            more = self.forwards(tree_nodes) - 1
+            levels = self.level(drafting) * more
+            residual = seconds - self.plain(rows) - first - levels
+            share = levels / (first + levels) if more and first + levels > 0 else 0.0
+            self.draft.observe(drafting, first + residual * (1 - share))
+            if more:
+                self.level.observe(drafting, (levels + residual * share) / more)
         else:
             residual = seconds - self.step(rows, drafting, tree_nodes=tree_nodes)
             self.feed = max(self.feed + COST_RATE * (residual / owed - self.feed), 0.0)
 
-    def _share(self, tree_nodes: int | None) -> float:
-        return 1.0 if tree_nodes is None else self.forwards(tree_nodes) / self.depth
-
     def _drafting(self, drafting: int, tree_nodes: int | None) -> float:
-        return self.draft(drafting) * self._share(tree_nodes)
+        return self.draft(drafting) + self.level(drafting) * (self.forwards(tree_nodes) - 1)
 
     def as_dict(self) -> dict:
-        return {"plain": self.plain.as_dict(), "draft": self.draft.as_dict(), "feed": self.feed, "depth": self.depth}
+        return {"plain": self.plain.as_dict(), "draft": self.draft.as_dict(), "level": self.level.as_dict(),
+                "feed": self.feed, "depth": self.depth}
 
 
 @dataclass
@@ -331,16 +356,16 @@ class SpeculationPolicy:
                 reverse=True,
             )
             ranked_at[n] = ranked
-            tokens, owed_total, previous = float(num), 0.0, 0.0
+            tokens, owed_total, peak = float(num), 0.0, 0.0
             for k, (_, gain, owed, _) in enumerate(ranked, start=1):
                 tokens += gain
                 owed_total += owed
                 goodput = tokens / self.costs.step(rows + k * (n - 1), k, owed_total, n)
                 if goodput > best[0]:
                     best = (goodput, k, n)
-                if goodput < previous:
-                    break  # gains fall and costs grow with k: past the peak for this size
-                previous = goodput
+                peak = max(peak, goodput)
+                if goodput < PAST_PEAK * peak:
+                    break  # gains fall and costs grow with k: this size will not come back
         goodput, best_k, tree_nodes = best
         probe = False
         if best_k == 0 and drafters:
@@ -355,7 +380,7 @@ class SpeculationPolicy:
             full = self.costs.step(rows + best_k * (self.max_tree_nodes - 1), best_k)
             if self.steps_with_small_trees >= self._interval(full - chosen, chosen):
                 tree_nodes, probe = self.max_tree_nodes, True
-        if tree_nodes == self.max_tree_nodes:
+        if best_k and tree_nodes == self.max_tree_nodes:
             self.steps_with_small_trees = 0
         head = frozenset(request_id for *_, request_id in ranked_at[tree_nodes][:best_k]) if best_k else frozenset()
         tree_rows = rows + len(head) * (tree_nodes - 1)

@@ -3,7 +3,8 @@
 Per step:
   1. drafter.catch_up: the sequences that draft this step feed their owed draft entries (one
      packed draft forward);
-  2. drafter.build_trees: depth - 1 batched draft forwards build each speculating sequence's tree;
+  2. drafter.build_trees: up to depth - 1 batched draft forwards (fewer where the step's trees
+     are too small to reach that deep) build each speculating sequence's tree;
      context lookup grafts onto it the tokens that followed the sequence's last few tokens
      where these occurred before (spec/lookup.py); where the head drafts nothing for a
      sequence that has lookup slots, such a chain is the whole tree;

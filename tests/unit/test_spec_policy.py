@@ -22,11 +22,13 @@ from eagle_core.spec.policy import (
 N = 8  # the configured (largest) tree
 
 
-def costs(plain_ms=(20.0, 0.5), draft_ms=(8.0, 4.0), sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256), depth=3) -> StepCosts:
-    """Linear synthetic costs: plain a + b * rows, drafting c + d * sequences (ms)."""
-    a, b = plain_ms
-    c, d = draft_ms
-    return StepCosts({n: (a + b * n) / 1e3 for n in sizes}, {n: (c + d * n) / 1e3 for n in sizes}, depth=depth)
+def costs(plain_ms=(20.0, 0.5), draft_ms=(4.0, 2.0), level_ms=(1.0, 0.25), sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+          depth=3) -> StepCosts:
+    """Linear synthetic costs (ms): plain a + b * rows; drafting c + d * sequences for the first
+    draft forward, e + f * sequences for each further one."""
+    (a, b), (c, d), (e, f) = plain_ms, draft_ms, level_ms
+    return StepCosts({n: (a + b * n) / 1e3 for n in sizes}, {n: (c + d * n) / 1e3 for n in sizes},
+                     {n: (e + f * n) / 1e3 for n in sizes}, depth=depth)
 
 
 def policy_with(c: StepCosts, **kwargs) -> SpeculationPolicy:
@@ -61,13 +63,22 @@ def test_cost_table_interpolates_extrapolates_and_follows_observations():
     assert table(8) == 6.0  # points outside the observed segment stay
 
 
-def test_a_step_costs_its_rows_at_plain_prices_plus_drafting_at_its_forwards_share():
+def test_a_step_costs_its_rows_at_plain_prices_plus_the_draft_forwards_its_trees_take():
     c = costs()
     assert c.step(4, 0) == pytest.approx(0.022)
-    assert c.step(4 + 4 * 7, 4) == pytest.approx(0.036 + 0.024)  # four full trees
-    assert c.step(4 + 1 * 2, 1, tree_nodes=3) == pytest.approx(0.023 + 0.012 * 2 / 3)  # depth 2 of 3
-    assert c.step(2, 1, tree_nodes=2) == pytest.approx(0.021 + 0.012 / 3)  # one draft forward of 3
-    assert c.forwards(2) == 1 and c.forwards(4) == 3 and c.forwards(8) == 3
+    assert c.step(4 + 4 * 7, 4) == pytest.approx(0.036 + 0.012 + 2 * 0.002)  # four full trees: 3 forwards
+    assert c.step(4 + 1 * 2, 1, tree_nodes=3) == pytest.approx(0.023 + 0.006 + 0.00125)  # 2 forwards
+    assert c.step(2, 1, tree_nodes=2) == pytest.approx(0.021 + 0.006)  # 1 forward
+    assert c.forwards(2) == 1 and c.forwards(4) == 3 and c.forwards(8) == 3 and c.forwards(None) == 3
+
+
+def test_observed_drafting_steps_share_the_miss_between_the_first_forward_and_the_levels():
+    c = costs()
+    for _ in range(300):
+        c.observe(4 + 4 * 7, 4, 0.036 + 0.030 + 2 * 0.006, tree_nodes=N)  # full trees: both parts dearer
+        c.observe(4 + 4, 4, 0.024 + 0.030, tree_nodes=2)  # 2-node trees: the first forward alone
+    assert c.draft(4) == pytest.approx(0.030, rel=0.02) and c.level(4) == pytest.approx(0.006, rel=0.05)
+    assert c.plain(4) == pytest.approx(0.022)  # plain prices move only with plain steps
 
 
 # ---- what smaller trees would have accepted
@@ -137,13 +148,14 @@ def test_nothing_drafts_where_drafting_cannot_pay_except_bounded_full_tree_probe
     choices = [policy.choose(candidates(1)) for _ in range(2000)]
     probes = [c for c in choices if c.head]
     assert all(c.probe and c.tree_nodes == N for c in probes)
-    plain, extra = 0.0205, 0.250 + 0.0035
+    plain = policy.costs.step(1, 0)
+    extra = policy.costs.step(N, 1) - plain
     interval = min(MAX_PROBE_INTERVAL, math.ceil(extra / (PROBE_SHARE * plain)))
     assert len(probes) == len(choices) // interval
     cheaper = policy_with(costs(draft_ms=(40.0, 10.0)))  # probes within their share of the time
     record(cheaper, ["r0"], 0.2)
     probes = sum(bool(cheaper.choose(candidates(1)).head) for _ in range(2000))
-    assert 0 < probes * (0.050 + 0.0035) <= PROBE_SHARE * 2000 * plain
+    assert 0 < probes * (cheaper.costs.step(N, 1) - plain) <= PROBE_SHARE * 2000 * plain
 
 
 def test_sequences_without_room_never_draft():
@@ -259,4 +271,26 @@ def test_small_trees_are_checked_against_the_largest_now_and_then():
     assert probes and all(c.tree_nodes == N and c.head == {"r0"} for c in probes)
     seconds = policy.costs.step(1 + small[0].tree_nodes - 1, 1, tree_nodes=small[0].tree_nodes)
     extra = policy.costs.step(N, 1) - seconds
-    assert len(probes) * extra <= PROBE_SHARE * len(small) * seconds * 1.05
+    assert len(probes) * extra <= PROBE_SHARE * len(choices) * seconds * 1.01
+
+
+# ---- the start-up tables
+
+def test_start_up_tables_follow_by_difference_and_extend_the_plain_table_to_tree_rows():
+    from eagle_core.step_costs import _tables
+
+    def ms(x):
+        return x / 1e3
+
+    # plain 10 ms + 1 ms a row; the first draft forward 5 ms, each further one 2 ms; 8-node trees
+    medians = {
+        k: {None: (ms(10 + k), k), 2: (ms(10 + 2 * k + 5), 2 * k), 3: (ms(10 + 3 * k + 5 + 2), 3 * k),
+            8: (ms(10 + 8 * k + 5 + 2 * 2), 8 * k)}
+        for k in (1, 2, 4)
+    }
+    c = _tables(medians, depth=3)
+    assert c.draft.as_dict() == pytest.approx({1: ms(5), 2: ms(5), 4: ms(5)})
+    assert c.level.as_dict() == pytest.approx({1: ms(2), 2: ms(2), 4: ms(2)})
+    # points past the plain decode steps' 4 rows, from the largest trees' steps
+    assert sorted(c.plain.as_dict()) == [1, 2, 4, 8, 16, 32]
+    assert c.plain(32) == pytest.approx(ms(42)) and c.step(4 + 4 * 7, 4) == pytest.approx(medians[4][8][0])
