@@ -73,13 +73,15 @@ INITIAL_LOOKUP_ROWS = 2.0
 class CostTable:
     """Seconds as a piecewise-linear function of a count, through measured points; constant
     below the first point, along the last segment's slope (never negative) past the last
-    (constant with one point)."""
+    (constant with one point). More never costs less: the points are kept non-decreasing, so a
+    noisy measurement cannot make extra rows look free."""
 
     def __init__(self, points: dict[int, float]):
         if not points:
             raise ValueError("a cost table needs at least one point")
         self.xs = sorted(points)
         self.ys = [max(points[x], 0.0) for x in self.xs]
+        self._monotone()
 
     def __call__(self, n: float) -> float:
         (lo, hi), (w_lo, w_hi) = self._bracket(n)
@@ -89,15 +91,22 @@ class CostTable:
 
     def observe(self, n: float, seconds: float, rate: float = COST_RATE) -> None:
         """Move the points around n toward an observed value at n, in proportion to how much
-        each contributes to the value there."""
+        each contributes to the value there; the points past them keep their ratio to the
+        nearer one (what made this count dearer, longer contexts say, makes larger counts
+        dearer too, and a point rarely observed must not fall below a smaller count's)."""
         residual = seconds - self(n)
         (lo, hi), (w_lo, w_hi) = self._bracket(n)
+        before = self.ys[hi]
         if lo == hi:
             scale = 1.0 if n <= self.xs[hi] else self.xs[hi] / n  # a far point says less
             self.ys[hi] = max(self.ys[hi] + rate * scale * residual, 1e-6)
-            return
-        self.ys[lo] = max(self.ys[lo] + rate * w_lo * residual, 1e-6)
-        self.ys[hi] = max(self.ys[hi] + rate * w_hi * residual, 1e-6)
+        else:
+            self.ys[lo] = max(self.ys[lo] + rate * w_lo * residual, 1e-6)
+            self.ys[hi] = max(self.ys[hi] + rate * w_hi * residual, 1e-6)
+        ratio = self.ys[hi] / before if before > 0 else 1.0
+        for j in range(hi + 1, len(self.ys)):
+            self.ys[j] *= ratio
+        self._monotone(anchor=hi)
 
     def as_dict(self) -> dict[int, float]:
         return dict(zip(self.xs, self.ys))
@@ -106,10 +115,19 @@ class CostTable:
         """A measured point (averaged with one already at x)."""
         i = bisect.bisect_left(self.xs, x)
         if i < len(self.xs) and self.xs[i] == x:
-            self.ys[i] = (self.ys[i] + max(seconds, 0.0)) / 2
+            self.ys[i] = (self.ys[i] + max(seconds, 1e-6)) / 2
         else:
             self.xs.insert(i, x)
-            self.ys.insert(i, max(seconds, 0.0))
+            self.ys.insert(i, max(seconds, 1e-6))
+        self._monotone()
+
+    def _monotone(self, anchor: int = 0) -> None:
+        """Make the points non-decreasing around the point at `anchor` (the one just observed):
+        later points rise to it, earlier ones fall to it."""
+        for j in range(anchor + 1, len(self.ys)):
+            self.ys[j] = max(self.ys[j], self.ys[j - 1])
+        for j in range(anchor - 1, -1, -1):
+            self.ys[j] = min(self.ys[j], self.ys[j + 1])
 
     def _bracket(self, n: float) -> tuple[tuple[int, int], tuple[float, float]]:
         """Indices of the points around n and their interpolation weights."""

@@ -60,7 +60,7 @@ def test_cost_table_interpolates_extrapolates_and_follows_observations():
     for _ in range(200):
         table.observe(2, 3.0)
     assert table(2) == pytest.approx(3.0, rel=1e-3)
-    assert table(8) == 6.0  # points outside the observed segment stay
+    assert table(8) / table(4) == pytest.approx(6.0 / 4.0)  # a later point keeps its ratio
 
 
 def test_a_step_costs_its_rows_at_plain_prices_plus_the_draft_forwards_its_trees_take():
@@ -294,3 +294,22 @@ def test_start_up_tables_follow_by_difference_and_extend_the_plain_table_to_tree
     # points past the plain decode steps' 4 rows, from the largest trees' steps
     assert sorted(c.plain.as_dict()) == [1, 2, 4, 8, 16, 32]
     assert c.plain(32) == pytest.approx(ms(42)) and c.step(4 + 4 * 7, 4) == pytest.approx(medians[4][8][0])
+
+
+def test_points_past_an_observed_count_keep_their_ratio_to_it():
+    """Plain steps observe decode row counts only; the larger counts trees reach (measured at
+    start-up on short contexts) follow them, so they never look cheaper than fewer rows."""
+    table = CostTable({8: 0.020, 32: 0.040, 64: 0.065, 128: 0.110})
+    for _ in range(200):
+        table.observe(32, 0.080)  # longer contexts: twice the start-up price
+    assert table(32) == pytest.approx(0.080, rel=1e-3)
+    assert table(64) == pytest.approx(0.130, rel=1e-2) and table(128) == pytest.approx(0.220, rel=1e-2)
+    assert table(8) < 0.05  # below: only its share of the bracket moved
+
+
+def test_more_never_costs_less():
+    table = CostTable({1: 0.035, 2: 0.037, 4: 0.031, 8: 0.042})  # a noisy start-up median at 4
+    assert table(4) == table(2) == 0.037 and table(3) == 0.037
+    for _ in range(100):
+        table.observe(1, 0.040)
+    assert table.as_dict()[2] >= table(1) and table(4) >= table(2)
