@@ -31,7 +31,7 @@ from eagle_core.kv import BlockManager, blocks_needed
 from eagle_core.request import Request
 from eagle_core.sampling_params import SamplingParams
 from eagle_core.scheduler import Scheduler
-from eagle_core.spec.policy import Choice, StepCosts
+from eagle_core.spec.policy import Choice, CostTable, StepCosts
 
 logger = logging.getLogger(__name__)
 
@@ -132,22 +132,22 @@ def measure_step_costs(worker, config: EngineConfig, blocks: BlockManager) -> St
 def _tables(medians: dict[int, dict[int | None, tuple[float, int]]], depth: int) -> StepCosts:
     """The policy's tables from each batch size's median (seconds, rows) by step kind (None:
     plain; else tree nodes), batch sizes ascending (see the module docstring)."""
-    costs = StepCosts({size: kinds[None][0] for size, kinds in medians.items()}, {1: 0.0}, depth=depth)
+    plain = CostTable({size: kinds[None][0] for size, kinds in medians.items()})
     draft: dict[int, float] = {}
     level: dict[int, float] = {}
     decode_rows = max(medians)
     for size, kinds in sorted(medians.items()):
         seconds, rows = kinds[2]
-        draft[size] = max(seconds - costs.plain(rows), 1e-6)
+        draft[size] = max(seconds - plain(rows), 1e-6)
         if 3 in kinds and depth >= 2:
             seconds, rows = kinds[3]
-            level[size] = max(seconds - costs.plain(rows) - draft[size], 0.0)
+            level[size] = max(seconds - plain(rows) - draft[size], 0.0)
         largest = max(kind for kind in kinds if kind is not None)
         seconds, rows = kinds[largest]
         derived = {2, 3} if size in level else {2}  # kinds the draft tables came from
         if rows > decode_rows and largest not in derived:
-            costs.plain.add(rows, seconds - draft[size] - level.get(size, 0.0) * (depth - 1))
-    return StepCosts(costs.plain.as_dict(), draft, level or None, depth=depth)
+            plain.add(rows, seconds - draft[size] - level.get(size, 0.0) * (depth - 1))
+    return StepCosts(plain.as_dict(), draft, level or None, depth=depth)
 
 
 def _step(worker, scheduler: Scheduler) -> tuple[float, int]:

@@ -358,10 +358,11 @@ class SpeculationPolicy:
         num = len(candidates)
         rows = num + other_rows
         plain_goodput = num / self.costs.step(rows, 0) if num else 0.0
-        drafters = [
-            (c.request_id, self.acceptance.head(c.request_id, c.greedy), self._owed(c.request_id, c.context_len))
+        drafters = [  # (request, gains by tree size, owed entries, tokens feeding them costs)
+            (c.request_id, self.acceptance.head(c.request_id, c.greedy), owed, plain_goodput * self.costs.feed * owed)
             for c in candidates
             if c.head
+            for owed in [self._owed(c.request_id, c.context_len)]
         ]
         best = (plain_goodput, 0, self.max_tree_nodes)  # (goodput, drafting, tree nodes)
         ranked_at: dict[int, list[tuple[float, float, int, str]]] = {}
@@ -369,8 +370,7 @@ class SpeculationPolicy:
             # Best first: expected accepted tokens, less those the time of feeding the head what
             # the sequence owes would have produced decoding plainly.
             ranked = sorted(
-                ((gains[n] - plain_goodput * self.costs.feed * owed, gains[n], owed, request_id)
-                 for request_id, gains, owed in drafters),
+                ((gains[n] - feeding, gains[n], owed, request_id) for request_id, gains, owed, feeding in drafters),
                 reverse=True,
             )
             ranked_at[n] = ranked
