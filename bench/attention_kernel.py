@@ -7,9 +7,11 @@ REV:...`) are built as two operators under distinct names with the flags the eng
 called on the same inputs, taking turns within each round; the outputs must agree (the kernel's
 arithmetic is meant to be the same across such changes; the largest difference is reported).
 Shapes follow SmolLM2-135M (9 query heads, 3 KV heads, head_dim 64): decode tiles (one token,
-padded to two query slots as the engine pads them), trees of 8 and 16 nodes, over contiguous
-16-token cache blocks as the engine allocates them, with each tile's causal/tree visibility
-approximated by every key visible. The minimum over rounds of the mean of --calls calls is
+padded to two query slots as the engine pads them, the padding slot seeing no key), trees of 8
+and 16 nodes, over contiguous 16-token cache blocks as the engine allocates them, with each
+tile's causal/tree visibility approximated by every key of its context visible. Contexts are
+the bucket's key length, or ("ragged") spread evenly up to it, as a batch of requests of
+different lengths shares one bucket. The minimum over rounds of the mean of --calls calls is
 reported, for the torch thread count of the process.
 Writes bench/results/attention-kernel-<date>-<machine>.json.
 """
@@ -30,8 +32,12 @@ from eagle_core.worker import cpu_kernels
 from eagle_core.worker.cpu_kernels import _SOURCE
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
-# (tiles, query slots per tile, keys per tile)
-SHAPES = [(1, 2, 200), (4, 2, 300), (16, 2, 300), (1, 8, 200), (1, 16, 200), (1, 16, 600), (4, 8, 300), (4, 16, 300), (16, 8, 300)]
+# (tiles, real query slots per tile, query slots per tile, keys per tile, ragged contexts)
+SHAPES = [
+    (1, 1, 2, 200, False), (4, 1, 2, 300, False), (16, 1, 2, 300, False), (8, 1, 2, 800, True),
+    (8, 2, 2, 800, True), (1, 8, 8, 200, False), (1, 16, 16, 200, False), (1, 16, 16, 600, False),
+    (4, 8, 8, 300, False), (4, 16, 16, 300, False), (16, 8, 8, 300, False), (8, 8, 8, 800, True),
+]
 
 
 def build(name: str, source: str, build_dir: Path):
@@ -44,14 +50,16 @@ def build(name: str, source: str, build_dir: Path):
     return getattr(torch.ops, name).paged_attention
 
 
-def inputs(tiles: int, width: int, keys: int, dtype: torch.dtype, generator: torch.Generator):
+def inputs(tiles: int, real: int, width: int, keys: int, ragged: bool, dtype: torch.dtype, generator: torch.Generator):
     blocks_per_tile = -(-keys // BLOCK)
     num_blocks = tiles * blocks_per_tile + 1
     cache = [torch.randn(num_blocks * BLOCK, KV_HEADS, HEAD_DIM, generator=generator).to(dtype) for _ in range(2)]
     order = torch.randperm(num_blocks, generator=generator)[: tiles * blocks_per_tile].view(tiles, blocks_per_tile)
     slots = (order[:, :, None] * BLOCK + torch.arange(BLOCK)).reshape(tiles, -1)[:, :keys].contiguous()  # [N, L]
     query = torch.randn(tiles, width, HEADS, HEAD_DIM, generator=generator)
-    visible = torch.ones(tiles, width, keys, dtype=torch.bool)
+    visible = torch.zeros(tiles, width, keys, dtype=torch.bool)  # [N, Q, L]
+    for n in range(tiles):
+        visible[n, :real, : keys * (n + 1) // tiles if ragged else keys] = True
     return query, cache[0], cache[1], slots, visible
 
 
@@ -74,8 +82,8 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     rows = []
     for dtype in (torch.bfloat16, torch.float32):
-        for tiles, width, keys in SHAPES:
-            operands = inputs(tiles, width, keys, dtype, generator)
+        for tiles, real, width, keys, ragged in SHAPES:
+            operands = inputs(tiles, real, width, keys, ragged, dtype, generator)
             call = {name: functools.partial(op, *operands, HEAD_DIM**-0.5, 2**62) for name, op in ops.items()}
             outputs = [fn() for fn in call.values()]
             best = dict.fromkeys(call, float("inf"))
@@ -85,10 +93,11 @@ def main() -> None:
                     for _ in range(args.calls):
                         fn()
                     best[name] = min(best[name], (time.perf_counter() - start) / args.calls * 1e6)
-            row = {"dtype": str(dtype).removeprefix("torch."), "tiles": tiles, "query_slots": width, "keys": keys,
+            row = {"dtype": str(dtype).removeprefix("torch."), "tiles": tiles, "real_query_slots": real,
+                   "query_slots": width, "keys": keys, "ragged": ragged,
                    "us_per_call": best, "max_abs_difference": (outputs[0] - outputs[1]).abs().max().item()}
             rows.append(row)
-            print(f"{row['dtype']:8} tiles {tiles:2} slots {width:2} keys {keys:3}: "
+            print(f"{row['dtype']:8} tiles {tiles:2} slots {real:2}/{width:2} keys {keys:3}{' ragged' if ragged else ''}: "
                   + ", ".join(f"{name} {us:.0f} us" for name, us in best.items())
                   + f"; ratio {best['this tree'] / best[args.against]:.2f}; max diff {row['max_abs_difference']:.2g}")
     path = write_result(args.out, "attention-kernel", {"against": args.against, "against_commit": against_commit,

@@ -27,15 +27,17 @@ Per-token metadata (the rule of worker/inputs.py) and per-tile metadata:
     committed [T]     it sees every key position < committed (causal tokens: kv_pos + 1)
     tail_mask [T, W]  and position committed + j where tail_mask[t, j] (trees; all False otherwise)
     block_tables [S, MB]
-    per bucket: tokens [N, Q] (the token of each query slot; padding slots repeat token 0),
+    per bucket: tokens [N, Q] (the token of each query slot; -1: a padding slot),
                 seq [N] (the tile's row of block_tables), key_positions [L] = arange(L)
     out_index [T]     where each token's output lies in the buckets' outputs, concatenated
 
 Shapes are padded so that no dimension is 0 or 1 (`padded_size`): torch.compile specialises
 sizes 0 and 1, and padding keeps one compiled graph for every step. With `shape_buckets` (CUDA
 graphs, worker/compiled.py) every dynamic dimension is padded further, to a power of two.
-Padding tokens write their K/V to the storage's trash slot; padding query slots attend like
-token 0 and their outputs are dropped.
+Padding tokens write their K/V to the storage's trash slot; padding query slots read token 0's
+query and their outputs are dropped. Through the CPU kernel they see no key, which it skips
+(a decode tile is one real slot of two); through sdpa they attend like token 0, so that no row
+is fully masked (sdpa kernels differ on what such a row yields).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ less of a chunk's last tile and of the key range of its first tiles."""
 class Tiles:
     """One bucket of query tiles (see the module docstring)."""
 
-    tokens: torch.Tensor  # [N, Q] long: packed-row index of each query slot
+    tokens: torch.Tensor  # [N, Q] long: packed-row index of each query slot (-1: padding; derived: 0)
     seq: torch.Tensor  # [N] long: the tile's row of block_tables
     key_positions: torch.Tensor  # [L] long: arange(L)
     # Derived once per forward by `PagedMetadata.derive`:
@@ -114,15 +116,19 @@ class PagedMetadata:
 
     def _derive_tiles(self, tiles: Tiles) -> Tiles:
         size = self.block_size
+        real = tiles.tokens >= 0  # [N, Q]
+        tokens = tiles.tokens.clamp(min=0)  # [N, Q]
         positions = tiles.key_positions  # [L]
         key_block = (positions // size).clamp(max=self.block_tables.shape[1] - 1)  # [L]
         key_slots = self.block_tables[tiles.seq][:, key_block] * size + positions % size  # [N, L]
-        rel = positions - self.committed[tiles.tokens][:, :, None]  # [N, Q, L]
+        rel = positions - self.committed[tokens][:, :, None]  # [N, Q, L]
         width = self.tail_mask.shape[1]
         in_tail = (rel >= 0) & (rel < width)
-        tail = self.tail_mask[tiles.tokens].gather(2, rel.clamp(0, width - 1))  # [N, Q, L]
+        tail = self.tail_mask[tokens].gather(2, rel.clamp(0, width - 1))  # [N, Q, L]
         visible = (rel < 0) | (in_tail & tail)  # [N, Q, L]
-        return replace(tiles, key_slots=key_slots, visible=visible[:, None])
+        if self.in_place:
+            visible = visible & real[:, :, None]
+        return replace(tiles, tokens=tokens, key_slots=key_slots, visible=visible[:, None])
 
     def attend(
         self,
@@ -225,7 +231,7 @@ def _bucket(
     flat = torch.cat(tokens)  # [N, Q]
     key_len = padded_size(max((s.key_len for s in specs), default=0), buckets)
     tiles = Tiles(
-        tokens=flat.clamp(min=0).to(device),
+        tokens=flat.to(device),
         seq=torch.cat(seq).to(device),
         key_positions=torch.arange(key_len, device=device),
     )

@@ -186,3 +186,32 @@ def test_in_place_kernel_equals_sdpa_over_gathered_keys(dtype, tiles, width, hea
     assert torch.equal(out[0, 0], torch.zeros(heads, head_dim))
     expected[0, 0] = 0
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_in_place_kernel_reads_no_key_past_a_tiles_last_visible_one(dtype):
+    """Tiles of one bucket share its key length, the longest context: a shorter tile's keys past
+    its own (here NaN, as a freed sequence's stale or never-written slots may be anything) and the
+    keys of a padding slot that sees nothing do not reach any output."""
+    torch.manual_seed(0)
+    heads, kv_heads, head_dim, keys, slots = 9, 3, 64, 50, 200
+    key_cache = torch.randn(slots, kv_heads, head_dim).to(dtype)
+    value_cache = torch.randn(slots, kv_heads, head_dim).to(dtype)
+    key_slots = torch.randperm(slots)[: 3 * keys].view(3, keys)  # [N, L], no slot shared
+    lengths = [50, 20, 3]
+    visible = torch.zeros(3, 2, keys, dtype=torch.bool)  # [N, Q, L]: slot 1 of each tile is padding
+    for n, length in enumerate(lengths):
+        visible[n, 0, :length] = True
+        key_cache[key_slots[n, length:]] = float("nan")
+        value_cache[key_slots[n, length:]] = float("nan")
+    query = torch.randn(3, 2, heads, head_dim)
+    out = torch.ops.eagle_serve.paged_attention(query, key_cache, value_cache, key_slots, visible, 0.2, 16)
+    assert torch.equal(out[:, 1], torch.zeros(3, heads, head_dim))
+    for n, length in enumerate(lengths):
+        k = key_cache[key_slots[n, :length]].float().transpose(0, 1)  # [kv_heads, length, head_dim]
+        v = value_cache[key_slots[n, :length]].float().transpose(0, 1)
+        expected = F.scaled_dot_product_attention(
+            query[n, :1].transpose(0, 1), k, v, scale=0.2, enable_gqa=True
+        ).transpose(0, 1)  # [1, heads, head_dim]
+        torch.testing.assert_close(out[n, :1], expected, rtol=1e-5, atol=1e-5)

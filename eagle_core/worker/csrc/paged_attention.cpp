@@ -18,6 +18,9 @@
 //   visible     [N, Q, L] bool: query slot q of tile n attends to key position l
 //   max_in_place_query: tiles of more query slots than this gather + sdpa (the same result)
 //   returns     [N, Q, H, D] float32; a query slot that sees no key gets zeros
+// In place, keys past the last one any of a tile's query slots sees are never read (a bucket's
+// key length is its longest context; shorter ones stop at their own), and slots that see no
+// key (padding) cost nothing.
 // Heads share KV heads in groups of H / KVH (grouped-query attention). Scores and softmax are
 // computed in float32 whatever the cache's dtype, like the reference backend.
 #include <ATen/ATen.h>
@@ -77,6 +80,24 @@ struct Scratch {
   std::vector<const float*> value_rows;  // [keys]
 };
 
+// Scores of rows r0 .. r0 + R - 1 (those below `rows`) against one transposed key block
+// ([dim, kKeys]) at key offset l0: R independent accumulators share each key load. A block is
+// chosen no wider than needed, so the few rows of a decode tile do not pay for eight.
+template <int64_t R>
+__attribute__((always_inline)) inline void score_block(const float* const* q_rows, int64_t r0, int64_t rows, const float* keys_t, int64_t dim,
+                        float scale, const float* const* bias_rows, int64_t l0, float* scores, int64_t padded) {
+  const float* q[R];
+  for (int64_t i = 0; i < R; ++i) q[i] = q_rows[std::min(r0 + i, rows - 1)];
+  Vec acc[R];
+  for (int64_t i = 0; i < R; ++i) acc[i] = Vec(0.f);
+  for (int64_t d = 0; d < dim; ++d) {
+    const Vec k = Vec::loadu(keys_t + d * kKeys);
+    for (int64_t i = 0; i < R; ++i) acc[i] = at::vec::fmadd(Vec(q[i][d]), k, acc[i]);
+  }
+  for (int64_t i = 0; i < std::min(R, rows - r0); ++i)
+    at::vec::fmadd(acc[i], Vec(scale), Vec::loadu(bias_rows[r0 + i] + l0)).store(scores + (r0 + i) * padded + l0);
+}
+
 // `bias_rows[r]`: row r's additive mask over the padded keys (0 where visible, -inf elsewhere,
 // and -inf past `keys`), so that scores are stored a vector at a time.
 template <typename T>
@@ -94,23 +115,16 @@ void attend_task(const float* const* q_rows, int64_t rows, const T* keys_base, c
   w.value_rows.resize(keys);
 
   // 1. Scores, kKeys keys at a time: the block is transposed to [dim, kKeys], so a vector of one
-  // row's scores is `dim` fused multiply-adds, kScoreRows rows sharing each load.
+  // row's scores is `dim` fused multiply-adds, the rows of a register block sharing each load.
   for (int64_t l0 = 0; l0 < keys; l0 += kKeys) {
     const int64_t block = std::min(kKeys, keys - l0);
     for (int64_t j = 0; j < block; ++j) to_float(keys_base + slots[l0 + j] * row_stride, w.key_rows.data() + j * dim, dim);
     at::vec::transpose_mxn<float>(w.key_rows.data(), dim, w.keys_t.data(), kKeys, block, dim);
-    for (int64_t r0 = 0; r0 < rows; r0 += kScoreRows) {
-      const float* q[kScoreRows];
-      for (int64_t i = 0; i < kScoreRows; ++i) q[i] = q_rows[std::min(r0 + i, rows - 1)];
-      Vec acc[kScoreRows];
-      for (int64_t i = 0; i < kScoreRows; ++i) acc[i] = Vec(0.f);
-      for (int64_t d = 0; d < dim; ++d) {
-        const Vec k = Vec::loadu(w.keys_t.data() + d * kKeys);
-        for (int64_t i = 0; i < kScoreRows; ++i) acc[i] = at::vec::fmadd(Vec(q[i][d]), k, acc[i]);
-      }
-      for (int64_t i = 0; i < std::min(kScoreRows, rows - r0); ++i)
-        at::vec::fmadd(acc[i], Vec(scale), Vec::loadu(bias_rows[r0 + i] + l0)).store(w.scores.data() + (r0 + i) * padded + l0);
-    }
+    int64_t r0 = 0;
+    for (; rows - r0 > kScoreRows / 2; r0 += kScoreRows)
+      score_block<kScoreRows>(q_rows, r0, rows, w.keys_t.data(), dim, scale, bias_rows, l0, w.scores.data(), padded);
+    if (r0 < rows)  // a few rows left (a decode tile's): half a block
+      score_block<kScoreRows / 2>(q_rows, r0, rows, w.keys_t.data(), dim, scale, bias_rows, l0, w.scores.data(), padded);
   }
 
   // 2. Softmax numerators and totals, per row.
@@ -187,16 +201,25 @@ void attend(const at::Tensor& query, const at::Tensor& key_cache, const at::Tens
   const bool* vis_ptr = visible.data_ptr<bool>();
   float* o_ptr = out.data_ptr<float>();
 
-  // The visibility as additive masks, [N, Q, padded keys]: 0 or -inf.
+  // The visibility as additive masks, [N, Q, padded keys]: 0 or -inf; and each query slot's key
+  // extent, one past its last visible key (0: it sees none, as padding slots do).
   const float neg_inf = -std::numeric_limits<float>::infinity();
   std::vector<float> bias(tiles * width * padded, neg_inf);
+  std::vector<int64_t> extent(tiles * width, 0);
   at::parallel_for(0, tiles * width, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t)
-      for (int64_t l = 0; l < keys; ++l) bias[t * padded + l] = vis_ptr[t * keys + l] ? 0.f : neg_inf;
+    for (int64_t t = begin; t < end; ++t) {
+      const bool* row = vis_ptr + t * keys;
+      int64_t seen = keys;
+      while (seen > 0 && !row[seen - 1]) --seen;
+      extent[t] = seen;
+      for (int64_t l = 0; l < seen; ++l) bias[t * padded + l] = row[l] ? 0.f : neg_inf;
+    }
   });
 
   // One task per (tile, KV head, block of rows): the rows (query slot q, head h of the group:
   // row q * group + h % group) share the keys, so each key and value row is read once per task.
+  // A task reads keys only up to its rows' largest extent and skips rows that see no key (their
+  // outputs are zeros), so a bucket's padding slots and shorter contexts cost nothing extra.
   // Rows are split into blocks only where there are too few (tile, KV head) pairs to keep every
   // thread busy (a batch of one tree); each block re-reads the keys.
   const int64_t pairs = tiles * kv_heads, threads = at::get_num_threads();
@@ -211,14 +234,24 @@ void attend(const at::Tensor& query, const at::Tensor& key_cache, const at::Tens
     for (int64_t task = begin; task < end; ++task) {
       const int64_t pair = task / row_blocks, first = task % row_blocks * block_rows;
       const int64_t n = pair / kv_heads, g = pair % kv_heads, count = std::min(block_rows, rows - first);
+      int64_t live = 0, task_keys = 0;
       for (int64_t i = 0; i < count; ++i) {
         const int64_t r = first + i, qs = r / group, h = g * group + r % group;
-        q_rows[i] = q_ptr + ((n * width + qs) * heads + h) * dim;
-        out_rows[i] = o_ptr + ((n * width + qs) * heads + h) * dim;
-        bias_rows[i] = bias.data() + (n * width + qs) * padded;
+        float* out_row = o_ptr + ((n * width + qs) * heads + h) * dim;
+        const int64_t seen = extent[n * width + qs];
+        if (seen == 0) {
+          std::fill(out_row, out_row + dim, 0.f);
+          continue;
+        }
+        task_keys = std::max(task_keys, seen);
+        q_rows[live] = q_ptr + ((n * width + qs) * heads + h) * dim;
+        out_rows[live] = out_row;
+        bias_rows[live] = bias.data() + (n * width + qs) * padded;
+        ++live;
       }
-      attend_task<T>(q_rows.data(), count, k_ptr + g * dim, v_ptr + g * dim, slot_ptr + n * keys, bias_rows.data(),
-                     keys, kv_heads * dim, dim, static_cast<float>(scale), out_rows.data(), scratch);
+      if (live == 0) continue;
+      attend_task<T>(q_rows.data(), live, k_ptr + g * dim, v_ptr + g * dim, slot_ptr + n * keys, bias_rows.data(),
+                     task_keys, kv_heads * dim, dim, static_cast<float>(scale), out_rows.data(), scratch);
     }
   });
 }
