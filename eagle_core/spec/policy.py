@@ -49,7 +49,13 @@ from eagle_core.batch import ScheduledBatch, StepResult
 logger = logging.getLogger(__name__)
 
 COST_RATE = 0.1
-"""Weight of one observed step in the cost tables' moving averages."""
+"""Weight of one observed step in the cost tables' moving averages; one observation moves a cost
+point by a factor 1 + COST_RATE at most (`CostTable.observe`)."""
+MIN_MOVE = 1e-4
+"""Seconds: a cost point below this moves as if it were this large (a point measured as ~0 can
+still grow)."""
+MIN_COST = 1e-6
+"""Seconds: the least a cost point holds (every point stays positive, so ratios are defined)."""
 REQUEST_RATE = 0.3
 """Weight of one step in a request's own acceptance averages."""
 PRIOR_RATE = 0.02
@@ -80,7 +86,7 @@ class CostTable:
         if not points:
             raise ValueError("a cost table needs at least one point")
         self.xs = sorted(points)
-        self.ys = [max(points[x], 0.0) for x in self.xs]
+        self.ys = [max(points[x], MIN_COST) for x in self.xs]
         self._monotone()
 
     def __call__(self, n: float) -> float:
@@ -91,22 +97,39 @@ class CostTable:
 
     def observe(self, n: float, seconds: float, rate: float = COST_RATE) -> None:
         """Move the points around n toward an observed value at n, in proportion to how much
-        each contributes to the value there; the points past them keep their ratio to the
-        nearer one (what made this count dearer, longer contexts say, makes larger counts
-        dearer too, and a point rarely observed must not fall below a smaller count's)."""
+        each contributes to the value there, each by at most a factor 1 + rate (`_move`); the
+        points past them keep their ratio to the nearer one
+        (what made this count dearer, longer contexts say, makes larger counts dearer too, and a
+        point rarely observed must not fall below a smaller count's).
+
+        The bound makes a point a moving median of what it is observed to cost, and keeps one
+        outlier step (a pause of the process) from moving any point far: a draft table's first
+        point is a share of a step a millisecond wide whose noise is several milliseconds, and
+        unbounded moves dragged points to the floor and back, each time multiplying every point
+        past them by the ratio of the two, until a table held seconds, or 1e68."""
         residual = seconds - self(n)
         (lo, hi), (w_lo, w_hi) = self._bracket(n)
         before = self.ys[hi]
         if lo == hi:
             scale = 1.0 if n <= self.xs[hi] else self.xs[hi] / n  # a far point says less
-            self.ys[hi] = max(self.ys[hi] + rate * scale * residual, 1e-6)
+            self._move(hi, rate * scale * residual, rate)
         else:
-            self.ys[lo] = max(self.ys[lo] + rate * w_lo * residual, 1e-6)
-            self.ys[hi] = max(self.ys[hi] + rate * w_hi * residual, 1e-6)
-        ratio = self.ys[hi] / before if before > 0 else 1.0
+            self._move(lo, rate * w_lo * residual, rate)
+            self._move(hi, rate * w_hi * residual, rate)
+        ratio = self.ys[hi] / before
         for j in range(hi + 1, len(self.ys)):
             self.ys[j] *= ratio
         self._monotone(anchor=hi)
+
+    def _move(self, i: int, change: float, rate: float) -> None:
+        """ys[i] + change, within a factor 1 + rate of ys[i] (of MIN_MOVE, additively, below
+        it): the same factor up and down, so a point settles at its observations' median."""
+        y = self.ys[i]
+        if y >= MIN_MOVE:
+            self.ys[i] = min(max(y + change, y / (1 + rate)), y * (1 + rate))
+        else:
+            bound = rate * MIN_MOVE
+            self.ys[i] = max(y + min(max(change, -bound), bound), MIN_COST)
 
     def as_dict(self) -> dict[int, float]:
         return dict(zip(self.xs, self.ys))
@@ -115,10 +138,10 @@ class CostTable:
         """A measured point (averaged with one already at x)."""
         i = bisect.bisect_left(self.xs, x)
         if i < len(self.xs) and self.xs[i] == x:
-            self.ys[i] = (self.ys[i] + max(seconds, 1e-6)) / 2
+            self.ys[i] = (self.ys[i] + max(seconds, MIN_COST)) / 2
         else:
             self.xs.insert(i, x)
-            self.ys.insert(i, max(seconds, 1e-6))
+            self.ys.insert(i, max(seconds, MIN_COST))
         self._monotone()
 
     def _monotone(self, anchor: int = 0) -> None:

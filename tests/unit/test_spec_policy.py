@@ -4,12 +4,14 @@ large a tree, as load, acceptance and costs change."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
 from eagle_core.batch import ScheduledBatch, SeqResult, SeqWork, StepResult
 from eagle_core.sampling_params import SamplingParams
 from eagle_core.spec.policy import (
+    COST_RATE,
     MAX_PROBE_INTERVAL,
     PROBE_SHARE,
     Candidate,
@@ -305,6 +307,29 @@ def test_points_past_an_observed_count_keep_their_ratio_to_it():
     assert table(32) == pytest.approx(0.080, rel=1e-3)
     assert table(64) == pytest.approx(0.130, rel=1e-2) and table(128) == pytest.approx(0.220, rel=1e-2)
     assert table(8) < 0.05  # below: only its share of the bracket moved
+
+
+def test_noise_larger_than_a_point_moves_neither_it_nor_the_points_past_it_far():
+    """A drafting sequence's first forward is ~1 ms of a step whose noise is several: the point
+    follows the observations' middle, and the larger counts keep their ratio to it."""
+    rng = random.Random(0)
+    table = CostTable({1: 0.00125, 4: 0.002, 8: 0.0052, 32: 0.029})
+    for _ in range(3000):
+        table.observe(1, rng.gauss(0.00125, 0.005))
+    assert 0.0006 < table(1) < 0.0025
+    assert table(8) / table(1) == pytest.approx(0.0052 / 0.00125, rel=1e-6)
+    assert 0.0026 < table(8) < 0.0104 and 0.0145 < table(32) < 0.058
+
+
+@pytest.mark.parametrize("outlier", [10.0, -10.0])
+def test_one_outlier_step_moves_no_point_by_more_than_the_rate(outlier):
+    """A step stalled by a pause of the process (or timed across a clock hiccup) is one
+    observation: no point, observed or past it, moves by more than a factor 1 + COST_RATE."""
+    points = {1: 0.018, 2: 0.020, 4: 0.021, 8: 0.026, 16: 0.041, 32: 0.055}
+    table = CostTable(points)
+    table.observe(1, outlier)
+    for x, before in points.items():
+        assert before / (1 + COST_RATE) - 1e-12 <= table(x) <= before * (1 + COST_RATE) + 1e-12
 
 
 def test_more_never_costs_less():
