@@ -98,9 +98,9 @@ class CostTable:
     def observe(self, n: float, seconds: float, rate: float = COST_RATE) -> None:
         """Move the points around n toward an observed value at n, in proportion to how much
         each contributes to the value there, each by at most a factor 1 + rate (`_move`); the
-        points past them keep their ratio to the nearer one
-        (what made this count dearer, longer contexts say, makes larger counts dearer too, and a
-        point rarely observed must not fall below a smaller count's).
+        points past them keep their ratio to the nearer one (what made this count dearer, longer
+        contexts say, makes larger counts dearer too, and a point rarely observed must not fall
+        below a smaller count's).
 
         The bound makes a point a moving median of what it is observed to cost, and keeps one
         outlier step (a pause of the process) from moving any point far: a draft table's first

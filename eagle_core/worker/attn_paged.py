@@ -116,7 +116,6 @@ class PagedMetadata:
 
     def _derive_tiles(self, tiles: Tiles) -> Tiles:
         size = self.block_size
-        real = tiles.tokens >= 0  # [N, Q]
         tokens = tiles.tokens.clamp(min=0)  # [N, Q]
         positions = tiles.key_positions  # [L]
         key_block = (positions // size).clamp(max=self.block_tables.shape[1] - 1)  # [L]
@@ -126,8 +125,8 @@ class PagedMetadata:
         in_tail = (rel >= 0) & (rel < width)
         tail = self.tail_mask[tokens].gather(2, rel.clamp(0, width - 1))  # [N, Q, L]
         visible = (rel < 0) | (in_tail & tail)  # [N, Q, L]
-        if self.in_place:
-            visible = visible & real[:, :, None]
+        if self.in_place:  # padding slots see no key, so the kernel skips them
+            visible = visible & (tiles.tokens >= 0)[:, :, None]
         return replace(tiles, tokens=tokens, key_slots=key_slots, visible=visible[:, None])
 
     def attend(

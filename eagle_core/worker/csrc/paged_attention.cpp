@@ -236,17 +236,16 @@ void attend(const at::Tensor& query, const at::Tensor& key_cache, const at::Tens
       const int64_t n = pair / kv_heads, g = pair % kv_heads, count = std::min(block_rows, rows - first);
       int64_t live = 0, task_keys = 0;
       for (int64_t i = 0; i < count; ++i) {
-        const int64_t r = first + i, qs = r / group, h = g * group + r % group;
-        float* out_row = o_ptr + ((n * width + qs) * heads + h) * dim;
-        const int64_t seen = extent[n * width + qs];
+        const int64_t r = first + i, slot = n * width + r / group, h = g * group + r % group;
+        const int64_t row = (slot * heads + h) * dim, seen = extent[slot];
         if (seen == 0) {
-          std::fill(out_row, out_row + dim, 0.f);
+          std::fill(o_ptr + row, o_ptr + row + dim, 0.f);
           continue;
         }
         task_keys = std::max(task_keys, seen);
-        q_rows[live] = q_ptr + ((n * width + qs) * heads + h) * dim;
-        out_rows[live] = out_row;
-        bias_rows[live] = bias.data() + (n * width + qs) * padded;
+        q_rows[live] = q_ptr + row;
+        out_rows[live] = o_ptr + row;
+        bias_rows[live] = bias.data() + slot * padded;
         ++live;
       }
       if (live == 0) continue;
