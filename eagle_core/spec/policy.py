@@ -106,7 +106,10 @@ class CostTable:
         outlier step (a pause of the process) from moving any point far: a draft table's first
         point is a share of a step a millisecond wide whose noise is several milliseconds, and
         unbounded moves dragged points to the floor and back, each time multiplying every point
-        past them by the ratio of the two, until a table held seconds, or 1e68."""
+        past them by the ratio of the two, until a table held seconds, or 1e68. The ratio passed
+        on is taken at MIN_MOVE or above for the same reason: a point near the floor (a start-up
+        difference of two noisy steps can be zero) moves by MIN_MOVE * rate, many times itself,
+        and the floor made its falls smaller than its rises, so the points past it ratcheted up."""
         residual = seconds - self(n)
         (lo, hi), (w_lo, w_hi) = self._bracket(n)
         before = self.ys[hi]
@@ -116,7 +119,7 @@ class CostTable:
         else:
             self._move(lo, rate * w_lo * residual, rate)
             self._move(hi, rate * w_hi * residual, rate)
-        ratio = self.ys[hi] / before
+        ratio = max(self.ys[hi], MIN_MOVE) / max(before, MIN_MOVE)  # within 1 + rate either way
         for j in range(hi + 1, len(self.ys)):
             self.ys[j] *= ratio
         self._monotone(anchor=hi)

@@ -13,6 +13,7 @@ from eagle_core.sampling_params import SamplingParams
 from eagle_core.spec.policy import (
     COST_RATE,
     MAX_PROBE_INTERVAL,
+    MIN_MOVE,
     PROBE_SHARE,
     Candidate,
     CostTable,
@@ -319,6 +320,20 @@ def test_noise_larger_than_a_point_moves_neither_it_nor_the_points_past_it_far()
     assert 0.0006 < table(1) < 0.0025
     assert table(8) / table(1) == pytest.approx(0.0052 / 0.00125, rel=1e-6)
     assert 0.0026 < table(8) < 0.0104 and 0.0145 < table(32) < 0.058
+
+
+def test_a_point_near_the_floor_does_not_ratchet_the_points_past_it():
+    """A level table whose first point start-up measured as ~0 (a difference of noisy steps),
+    observed with noise many times its size: the larger counts stay within what the first
+    point's own moves at or above MIN_MOVE can justify, not the seconds the floor's uneven
+    falls and rises once ratcheted them to."""
+    rng = random.Random(0)
+    table = CostTable({1: 1e-6, 2: 0.00077, 4: 0.00077, 8: 0.00077, 16: 0.008, 32: 0.009})
+    for _ in range(5000):
+        table.observe(1, rng.gauss(0.0005, 0.003))
+    ratio = max(table(1), MIN_MOVE) / MIN_MOVE  # how far the first point rose past MIN_MOVE
+    assert table(2) <= 0.00077 * ratio * (1 + 1e-9) and table(32) <= 0.009 * ratio * (1 + 1e-9)
+    assert table(2) < 0.02 and table(32) < 0.2
 
 
 @pytest.mark.parametrize("outlier", [10.0, -10.0])
