@@ -9,6 +9,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 (after choosing the backend)
 
+from bench.report import sweep_rows, sweep_temperatures  # noqa: E402
+
 SPEC, BASE = "eagle", "baseline"
 COLORS = {SPEC: "tab:orange", BASE: "tab:blue"}
 
@@ -31,13 +33,17 @@ def _title(results: dict) -> str:
 
 
 def speedup(results: dict, path: Path) -> None:
-    sweep = [r for r in results["sweep"] if r[BASE]["tokens_per_s"] and r[SPEC]["tokens_per_s"]]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    xs = [r["concurrency"] for r in sweep]
-    for server in (BASE, SPEC):
-        ax1.plot(xs, [r[server]["tokens_per_s"] for r in sweep], "o-", color=COLORS[server], label=server)
+    xs: list[int] = []
+    for temperature, style in zip(sweep_temperatures(results), ("o-", "s--", "^:", "v-.")):
+        sweep = [r for r in sweep_rows(results, temperature) if r[BASE]["tokens_per_s"] and r[SPEC]["tokens_per_s"]]
+        xs = sorted({*xs, *(r["concurrency"] for r in sweep)})
+        points = [r["concurrency"] for r in sweep]
+        for server in (BASE, SPEC):
+            ax1.plot(points, [r[server]["tokens_per_s"] for r in sweep], style, color=COLORS[server],
+                     label=f"{server}, T={temperature:g}")
+        ax2.plot(points, [r["speedup"] for r in sweep], style, color=COLORS[SPEC], label=f"sweep, T={temperature:g}")
     ax1.set(xscale="log", xlabel="concurrent streaming clients", ylabel="total output tokens/s", title="Throughput")
-    ax2.plot(xs, [r["speedup"] for r in sweep], "o-", color=COLORS[SPEC], label="sweep")
     batch1 = [r for r in results["batch1"] if r["workload"] == "all" and r["speedup"]]
     for r, marker in zip(batch1, "xD^v+*"):
         ax2.scatter([1], [r["speedup"]], marker=marker, s=50, color="black",
@@ -75,8 +81,9 @@ def latency(results: dict, path: Path) -> None:
         ax1.set_xticks(range(len(groups)), labels, fontsize=7)
         ax1.set(ylabel="per-token latency (ms)", title=f"Batch 1, T={temperature:g}")
         ax1.legend(fontsize=8)
-    # right: per-token latency and TTFT against concurrency
-    sweep = results["sweep"]
+    # right: per-token latency and TTFT against concurrency, at the sweep's first temperature
+    temperatures = sweep_temperatures(results)
+    sweep = sweep_rows(results, temperatures[0]) if temperatures else []
     xs = [r["concurrency"] for r in sweep]
     for server in (BASE, SPEC):
         for q, style in (("p50", "o-"), ("p99", "o--")):
@@ -84,7 +91,8 @@ def latency(results: dict, path: Path) -> None:
                      label=f"{server} per-token {q}")
         ax2.plot(xs, [r[server]["ttft_ms"]["p50"] for r in sweep], "s:", color=COLORS[server], alpha=0.6,
                  label=f"{server} TTFT p50")
-    ax2.set(xscale="log", yscale="log", xlabel="concurrent streaming clients", ylabel="ms", title="Latency under load")
+    title = f"Latency under load, T={temperatures[0]:g}" if temperatures else "Latency under load"
+    ax2.set(xscale="log", yscale="log", xlabel="concurrent streaming clients", ylabel="ms", title=title)
     if xs:
         ax2.set_xticks(xs, [str(x) for x in xs])
     ax2.minorticks_off()

@@ -15,6 +15,21 @@ def _pcts(summary: dict, keys=("p50", "p90", "p99")) -> str:
     return " / ".join(_f(summary.get(k), 0 if (summary.get(k) or 0) >= 100 else 1) for k in keys)
 
 
+def _sweep_temperature(row: dict, results: dict) -> float:
+    """A sweep row's temperature (results from before sweeps at several temperatures carry one
+    in their settings)."""
+    return row.get("temperature", results["settings"].get("sweep_temperature", 0.0))
+
+
+def sweep_temperatures(results: dict) -> list[float]:
+    """The sweep's temperatures, in the order they ran."""
+    return list(dict.fromkeys(_sweep_temperature(row, results) for row in results["sweep"]))
+
+
+def sweep_rows(results: dict, temperature: float) -> list[dict]:
+    return [row for row in results["sweep"] if _sweep_temperature(row, results) == temperature]
+
+
 def markdown(results: dict) -> str:
     s = results["settings"]
     m = results["machine"]
@@ -51,20 +66,21 @@ def markdown(results: dict) -> str:
             f" | {_f(b['ttft_ms']['p50'], 0)} / {_f(e['ttft_ms']['p50'], 0)}"
             f" | {_pcts(b['per_token_ms'])} | {_pcts(e['per_token_ms'])} | {_f(row['same_text'], 2)} |"
         )
-    lines += [
-        "",
-        f"## Concurrency sweep (T={s['sweep_temperature']:g}, {s['requests_per_client']} requests per client)",
-        "",
-        "| clients | baseline tok/s | EAGLE tok/s | ratio | tau | TTFT p50 / p99 base | TTFT p50 / p99 EAGLE | per-token base | per-token EAGLE |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in results["sweep"]:
-        b, e = row[BASE], row[SPEC]
-        lines.append(
-            f"| {row['concurrency']} | {_f(b['tokens_per_s'])} | {_f(e['tokens_per_s'])} | **{_f(row['speedup'], 2, 'x')}**"
-            f" | {_f(e['acceptance_length'], 2)} | {_pcts(b['ttft_ms'], ('p50', 'p99'))} | {_pcts(e['ttft_ms'], ('p50', 'p99'))}"
-            f" | {_pcts(b['per_token_ms'])} | {_pcts(e['per_token_ms'])} |"
-        )
+    for temperature in sweep_temperatures(results):
+        lines += [
+            "",
+            f"## Concurrency sweep (T={temperature:g}, {s['requests_per_client']} requests per client)",
+            "",
+            "| clients | baseline tok/s | EAGLE tok/s | ratio | tau | TTFT p50 / p99 base | TTFT p50 / p99 EAGLE | per-token base | per-token EAGLE |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for row in sweep_rows(results, temperature):
+            b, e = row[BASE], row[SPEC]
+            lines.append(
+                f"| {row['concurrency']} | {_f(b['tokens_per_s'])} | {_f(e['tokens_per_s'])} | **{_f(row['speedup'], 2, 'x')}**"
+                f" | {_f(e['acceptance_length'], 2)} | {_pcts(b['ttft_ms'], ('p50', 'p99'))} | {_pcts(e['ttft_ms'], ('p50', 'p99'))}"
+                f" | {_pcts(b['per_token_ms'])} | {_pcts(e['per_token_ms'])} |"
+            )
     if results.get("reference"):
         lines += [
             "",

@@ -12,7 +12,8 @@ requests, alternating which server goes first per prompt (batch 1) and per sweep
 1. batch 1 at each temperature (0 and 1): MT-bench's questions, both turns (turn 2 carries the
    plain server's own turn-1 answer, so both servers get the same prompt), then HumanEval;
 2. a concurrency sweep (1, 2, 4, ... closed-loop streaming clients) on MT-bench first turns and
-   HumanEval prompts at --sweep-temperature;
+   HumanEval prompts at each --sweep-temperatures value (the servers' order alternating per
+   point);
 3. reference rows at batch 1, T=0, on an evenly spaced subset of the batch-1 prompts,
    interleaved with the servers' runs of the same prompts: transformers' generate in this
    process (same model, dtype, device), and llama.cpp on the same GGUF when llama-cpp-python
@@ -101,8 +102,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--humaneval-problems", type=int, default=None, help="first N HumanEval problems (full: all 164)")
     p.add_argument("--reference-prompts", type=int, default=None,
                    help=f"batch-1 prompts also run through HF generate / llama.cpp (full {FULL['reference_prompts']}; 0: none)")
-    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="batch-1 temperatures (default: 0 1)")
-    p.add_argument("--sweep-temperature", type=float, default=0.0, help="temperature of the sweep (default: 0)")
+    p.add_argument("--temperatures", type=float, nargs="*", default=[0.0, 1.0],
+                   help="batch-1 temperatures (default: 0 1; none: no batch-1 phase)")
+    p.add_argument("--sweep-temperatures", "--sweep-temperature", type=float, nargs="+", default=[0.0],
+                   help="temperatures of the sweep, each a full sweep (default: 0)")
     p.add_argument("--seed", type=int, default=1234, help="base of the per-prompt seeds used when T > 0")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-tokens tokens")
     p.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp row even if llama-cpp-python is importable")
@@ -256,26 +259,26 @@ class Bench:
             self.log(f"{what}: {done}/{total} prompts, batch 1 about {left / 60:.0f} min from done")
 
     async def sweep(self, pool: list[tuple[str, list[dict]]]) -> None:
-        before = await self.metrics_counters()
-        for concurrency in self.args.concurrency:
-            num_requests = concurrency * self.args.requests_per_client
-            jobs = [pool[i % len(pool)] for i in range(num_requests)]
-            for server in self.order():
-                await self.sweep_point(server, concurrency, jobs)
-            self.log(f"sweep: concurrency {concurrency} done ({num_requests} requests per server)")
-        await self.measure_acceptance(f"sweep T={self.args.sweep_temperature:g}", before)
+        for temperature in self.args.sweep_temperatures:
+            before = await self.metrics_counters()
+            for concurrency in self.args.concurrency:
+                num_requests = concurrency * self.args.requests_per_client
+                jobs = [pool[i % len(pool)] for i in range(num_requests)]
+                for server in self.order():
+                    await self.sweep_point(server, concurrency, temperature, jobs)
+                self.log(f"sweep T={temperature:g}: concurrency {concurrency} done ({num_requests} requests per server)")
+            await self.measure_acceptance(f"sweep T={temperature:g}", before)
 
-    async def sweep_point(self, server: str, concurrency: int, jobs: list[tuple[str, list[dict]]]) -> None:
+    async def sweep_point(self, server: str, concurrency: int, temperature: float, jobs: list[tuple[str, list[dict]]]) -> None:
         """`concurrency` closed-loop clients share the job list: each sends its next request as
         soon as its previous stream ended."""
         queue = list(reversed(jobs))
-        phase = {"phase": "sweep", "workload": "mixed", "temperature": self.args.sweep_temperature,
-                 "concurrency": concurrency}
+        phase = {"phase": "sweep", "workload": "mixed", "temperature": temperature, "concurrency": concurrency}
 
         async def worker() -> None:
             while queue:
                 prompt_id, messages = queue.pop()
-                record = await self.one(server, prompt_id, messages, self.args.sweep_temperature, None)
+                record = await self.one(server, prompt_id, messages, temperature, None)
                 if record is not None:
                     self.records.append({**phase, "record": record})
 
@@ -469,10 +472,12 @@ def build_results(args: argparse.Namespace, bench: Bench, started_at: datetime.d
             batch1.append(row)
 
     sweep = []
-    for concurrency in args.concurrency:
-        spec = select(SPEC, phase="sweep", concurrency=concurrency)
-        base = select(BASE, phase="sweep", concurrency=concurrency)
-        sweep.append({"concurrency": concurrency, **compare(group_stats(spec, wall=True), group_stats(base, wall=True))})
+    for temperature in args.sweep_temperatures:
+        for concurrency in args.concurrency:
+            spec = select(SPEC, phase="sweep", temperature=temperature, concurrency=concurrency)
+            base = select(BASE, phase="sweep", temperature=temperature, concurrency=concurrency)
+            sweep.append({"temperature": temperature, "concurrency": concurrency,
+                          **compare(group_stats(spec, wall=True), group_stats(base, wall=True))})
 
     return {
         "schema": 1,

@@ -200,6 +200,23 @@ def test_report_and_plots_of_a_made_up_result(tmp_path, with_depth):
     assert "![speedup_plot](stem-speedup.png)" in text
 
 
+def test_report_and_plots_of_a_sweep_at_two_temperatures(tmp_path):
+    """Each sweep temperature gets its own table, each row only its own temperature's figures."""
+    pytest.importorskip("matplotlib")
+    from bench import plots, report
+
+    results = _made_up_results(True)
+    results["batch1"] = []  # --temperatures with no value: no batch-1 phase
+    hot = [{**row, "temperature": 1.0, "speedup": 0.5} for row in results["sweep"]]
+    results["sweep"] = [{**row, "temperature": 0.0} for row in results["sweep"]] + hot
+    for path in plots.write_all(results, tmp_path, "stem").values():
+        assert path.stat().st_size > 1000
+    text = report.markdown(results)
+    cold_table, hot_table = text.split("## Concurrency sweep (T=0,")[1].split("## Concurrency sweep (T=1,")
+    assert "**1.14x**" in cold_table and "**0.50x**" not in cold_table
+    assert "**0.50x**" in hot_table.split("##")[0] and "**1.14x**" not in hot_table.split("##")[0]
+
+
 def test_llama_cpp_row_with_a_stand_in_module(monkeypatch, tmp_path):
     """The optional llama.cpp row's calls, against a stand-in for llama_cpp (never installed here)."""
     import sys
