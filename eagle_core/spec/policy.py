@@ -34,6 +34,13 @@ drafts at all, a step now and then lets the best candidate draft a full tree (th
 the draft table stay current); while the chosen trees are smaller than the largest, a drafting
 step now and then drafts the largest instead (a small tree says nothing about larger ones).
 
+Both forecasts of a drafting step are biased in ways no single estimate shows: the sequences
+chosen are those whose moving averages are highest, partly by chance, so they accept less than
+their averages say; and rows the choice does not see (lookup chains grafted onto head trees,
+lookup chains priced as plain rows) lengthen the step. `Realization` measures both: accepted
+drafts over those expected, and seconds over those predicted, in the steps that drafted; the
+choice scales every drafting option's gains and time by them.
+
 No tensors here: numbers in, request ids out.
 """
 
@@ -74,6 +81,11 @@ INITIAL_HEAD_ACCEPTANCE = 1.0
 the first steps draft wherever that pays, and measurements take over within a few steps."""
 INITIAL_LOOKUP_ACCEPTANCE = 0.5
 INITIAL_LOOKUP_ROWS = 2.0
+REALIZED_RATE = 0.05
+"""Weight of one drafting step in `Realization`'s ratios (about the last 20 drafting steps)."""
+REALIZED_BOUNDS = (0.1, 4.0)
+"""Least and most either `Realization` ratio holds (a few steps' noise cannot stop drafting
+for good, nor make it look free)."""
 
 
 class CostTable:
@@ -323,6 +335,40 @@ class Acceptance:
         self.requests.pop(request_id, None)
 
 
+class Realization:
+    """How the policy's forecasts of its drafting steps come true: ratios of decayed sums over
+    recent drafting steps (REALIZED_RATE), each 1 until a drafting step is seen and within
+    REALIZED_BOUNDS. The forecasts it compares are the unscaled ones, so the ratios do not feed
+    back into what they measure."""
+
+    def __init__(self):
+        self.expected = self.accepted = 0.0
+        self.predicted = self.seconds = 0.0
+
+    def observe(self, expected: float, accepted: float, predicted: float, seconds: float) -> None:
+        """A decode-only step that drafted: `expected` accepted drafts and `predicted` seconds
+        when it was chosen, `accepted` and `seconds` as it ran."""
+        keep = 1.0 - REALIZED_RATE
+        self.expected = keep * self.expected + expected
+        self.accepted = keep * self.accepted + accepted
+        self.predicted = keep * self.predicted + predicted
+        self.seconds = keep * self.seconds + seconds
+
+    @property
+    def tokens(self) -> float:
+        """Accepted drafts per expected one."""
+        return _bounded(self.accepted / self.expected) if self.expected > 0 else 1.0
+
+    @property
+    def time(self) -> float:
+        """Seconds a drafting step took per second predicted."""
+        return _bounded(self.seconds / self.predicted) if self.predicted > 0 else 1.0
+
+
+def _bounded(ratio: float) -> float:
+    return min(max(ratio, REALIZED_BOUNDS[0]), REALIZED_BOUNDS[1])
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A decoding sequence that could draft this step."""
@@ -346,6 +392,10 @@ class Choice:
     probe: bool = False
     tree_nodes: int | None = None
     """Nodes of each head tree, root included; None: the largest."""
+    expected: float = 0.0
+    """Accepted drafts the step is expected to yield (unscaled by `Realization`)."""
+    seconds: float = 0.0
+    """The step's predicted seconds (unscaled); 0 where it may prefill (not compared)."""
 
 
 STEADY_OWED = 4
@@ -374,6 +424,7 @@ class SpeculationPolicy:
         fed everything before)."""
         self.steps_without_head = 0
         self.steps_with_small_trees = 0
+        self.realized = Realization()
         self.last: Choice | None = None
         self.steps_by_tree_nodes: dict[int, int] = {}
         """Tree size -> steps in which the head drafted trees of that size (since start)."""
@@ -384,6 +435,7 @@ class SpeculationPolicy:
         num = len(candidates)
         rows = num + other_rows
         plain_goodput = num / self.costs.step(rows, 0) if num else 0.0
+        realized, slower = self.realized.tokens, self.realized.time
         drafters = [  # (request, gains by tree size, owed entries, tokens feeding them costs)
             (c.request_id, self.acceptance.head(c.request_id, c.greedy), owed, plain_goodput * self.costs.feed * owed)
             for c in candidates
@@ -402,9 +454,9 @@ class SpeculationPolicy:
             ranked_at[n] = ranked
             tokens, owed_total, peak = float(num), 0.0, 0.0
             for k, (_, gain, owed, _) in enumerate(ranked, start=1):
-                tokens += gain
+                tokens += realized * gain
                 owed_total += owed
-                goodput = tokens / self.costs.step(rows + k * (n - 1), k, owed_total, n)
+                goodput = tokens / (slower * self.costs.step(rows + k * (n - 1), k, owed_total, n))
                 if goodput > best[0]:
                     best = (goodput, k, n)
                 peak = max(peak, goodput)
@@ -426,16 +478,19 @@ class SpeculationPolicy:
                 tree_nodes, probe = self.max_tree_nodes, True
         if best_k and tree_nodes == self.max_tree_nodes:
             self.steps_with_small_trees = 0
-        head = frozenset(request_id for *_, request_id in ranked_at[tree_nodes][:best_k]) if best_k else frozenset()
+        chosen = ranked_at[tree_nodes][:best_k] if best_k else []
+        head = frozenset(request_id for *_, request_id in chosen)
+        expected = sum(gain for _, gain, _, _ in chosen)
         tree_rows = rows + len(head) * (tree_nodes - 1)
-        lookup = (
-            frozenset(self._lookup_alone(candidates, head, tree_rows, tree_nodes, goodput))
-            if self.decides_lookup else frozenset()
+        lookup, lookup_rows, lookup_expected = (
+            self._lookup_alone(candidates, head, tree_rows, tree_nodes, goodput) if self.decides_lookup else ([], 0.0, 0.0)
         )
+        owed_total = sum(owed for _, _, owed, _ in chosen)
+        seconds = 0.0 if other_rows else self.costs.step(tree_rows + lookup_rows, len(head), owed_total, tree_nodes)
         for c in candidates:
             if c.request_id not in head:
                 self.acceptance.relax(c.request_id, c.greedy)
-        choice = Choice(head, lookup, goodput, probe, tree_nodes)
+        choice = Choice(head, frozenset(lookup), goodput, probe, tree_nodes, expected + lookup_expected, seconds)
         if head:
             self.steps_by_tree_nodes[tree_nodes] = self.steps_by_tree_nodes.get(tree_nodes, 0) + 1
         last = self.last
@@ -455,12 +510,14 @@ class SpeculationPolicy:
         return max(owed - STEADY_OWED, 0)
 
     def _lookup_alone(
-        self, candidates: list[Candidate], head: frozenset[str], rows: int, tree_nodes: int, goodput: float
-    ) -> list[str]:
+        self, candidates: list[Candidate], head: frozenset[str], rows: float, tree_nodes: int, goodput: float
+    ) -> tuple[list[str], float, float]:
         """Non-drafting sequences whose expected lookup gain per second of extra rows beats the
-        step's goodput."""
-        chosen = []
+        step's goodput (both scaled by `Realization`); also the rows they add and the drafts
+        they are expected to accept (unscaled)."""
+        chosen, added_rows, expected = [], 0.0, 0.0
         drafting = len(head)
+        realized, slower = self.realized.tokens, self.realized.time
         for c in candidates:
             if c.request_id in head:
                 continue
@@ -468,10 +525,12 @@ class SpeculationPolicy:
             added = self.costs.step(rows + extra, drafting, tree_nodes=tree_nodes) - self.costs.step(
                 rows, drafting, tree_nodes=tree_nodes
             )
-            if added <= 0 or accepted / added > goodput:
+            if added <= 0 or realized * accepted / (slower * added) > goodput:
                 chosen.append(c.request_id)
                 rows += extra
-        return chosen
+                added_rows += extra
+                expected += accepted
+        return chosen, added_rows, expected
 
     def _probe_interval(self, rows: int) -> int:
         """Plain steps between probes, so that probes add at most PROBE_SHARE to the time."""
@@ -488,7 +547,7 @@ class SpeculationPolicy:
         """Learn from a finished step: every decode result's acceptance, and (for steps with no
         prefill) the step's wall time, with what its drafting sequences owed the head."""
         decode_only = True
-        rows = drafting = 0
+        rows = drafting = accepted = 0
         owed = 0
         tree_nodes = 1
         for work in batch.seqs:
@@ -500,6 +559,8 @@ class SpeculationPolicy:
                 continue
             is_greedy = work.params.greedy
             rows += 1 + seq_result.num_draft_tokens
+            if self.last is not None and (work.request_id in self.last.head or work.request_id in self.last.lookup_alone):
+                accepted += seq_result.num_accepted_tokens
             if work.drafts_with_head and seq_result.num_draft_tokens:
                 drafting += 1
                 owed += self._owed(work.request_id, work.start_pos)
@@ -514,6 +575,9 @@ class SpeculationPolicy:
             # else: plain, or a head tree that came to nothing (all of it forbidden by a grammar)
         if decode_only and rows:
             self.costs.observe(rows, drafting, seconds, owed, tree_nodes if drafting else None)
+            last = self.last
+            if last is not None and last.seconds > 0 and (last.head or last.lookup_alone):
+                self.realized.observe(last.expected, accepted, last.seconds, seconds)
 
     def _record_head(self, request_id: str, greedy: bool, seq_result, nodes: int) -> None:
         """Acceptance by tree size from a head tree of `nodes` nodes: every size up to it where
@@ -544,6 +608,7 @@ class SpeculationPolicy:
             "tree_nodes": (last.tree_nodes or self.max_tree_nodes) if last and last.head else 0,
             "lookup_alone": len(last.lookup_alone) if last else 0,
             "expected_tokens_per_second": last.goodput if last else 0.0,
+            "realized": {"tokens": self.realized.tokens, "time": self.realized.time},
             "steps_by_tree_nodes": dict(sorted(self.steps_by_tree_nodes.items())),
             "costs": self.costs.as_dict(),
             "head_acceptance": {

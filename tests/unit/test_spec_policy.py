@@ -15,6 +15,7 @@ from eagle_core.spec.policy import (
     MAX_PROBE_INTERVAL,
     MIN_MOVE,
     PROBE_SHARE,
+    REALIZED_BOUNDS,
     Candidate,
     CostTable,
     SpeculationPolicy,
@@ -230,6 +231,50 @@ def test_observed_steps_move_the_tables_and_the_acceptance_of_every_smaller_tree
     for _ in range(100):
         policy.observe(plain, StepResult({"a": SeqResult("a", [1]), "b": SeqResult("b", [4])}), 0.010)
     assert policy.costs.step(2, 0) == pytest.approx(0.010, rel=0.02)
+
+
+def drafting_steps(policy: SpeculationPolicy, accepted_ranks: list[int], steps: int = 60, slower: float = 1.0) -> list[bool]:
+    """Each step a new request whose own average says 3 drafts at the full tree (the highest
+    of many noisy averages, as choosing the best candidates finds them) decodes alone; a step
+    that drafts accepts the drafts of `accepted_ranks` and takes `slower` times its forecast.
+    Whether each step drafted."""
+    drafted = []
+    for i in range(steps):
+        request_id = f"q{i}"
+        record(policy, [request_id], 3.0, times=1)
+        choice = policy.choose([Candidate(request_id, True, head=True)])
+        drafted.append(bool(choice.head))
+        if choice.head:
+            n = choice.tree_nodes
+            accepted = [rank for rank in accepted_ranks if rank < n]
+            result = SeqResult(request_id, [1] * (1 + len(accepted)), n - 1, len(accepted), accepted_ranks=accepted)
+            policy.observe(ScheduledBatch([work(request_id, n - 1)]), StepResult({request_id: result}), slower * choice.seconds)
+        else:
+            policy.observe(ScheduledBatch([work(request_id, 0, skip="policy")]), StepResult({request_id: SeqResult(request_id, [1])}), choice.seconds)
+    return drafted
+
+
+def test_drafting_that_yields_less_than_forecast_stops():
+    """Drafts accepted as forecast: every step drafts. Nothing accepted where 3 drafts were
+    forecast: the realized share scales the forecasts down until plain decoding wins, probes
+    aside."""
+    policy = policy_with(costs(), lookup=False)
+    assert all(drafting_steps(policy, [1, 2, 3]))
+    assert policy.realized.tokens == pytest.approx(1.0, abs=0.35) and policy.realized.time == pytest.approx(1.0)
+    policy = policy_with(costs(), lookup=False)
+    drafted = drafting_steps(policy, [])
+    assert drafted[0] and sum(drafted[-30:]) <= 8
+    assert policy.realized.tokens == REALIZED_BOUNDS[0]
+
+
+def test_drafting_steps_slower_than_forecast_stop_where_the_margin_was_thin():
+    """A tree of 1.3 accepted drafts at batch 1 pays on the tables; steps twice as slow as
+    forecast (rows the choice did not see) do not, and the policy learns it."""
+    policy = policy_with(costs(), lookup=False)
+    assert sum(drafting_steps(policy, [1], slower=1.0)[-30:]) >= 25
+    policy = policy_with(costs(), lookup=False)
+    assert sum(drafting_steps(policy, [1], slower=2.0)[-30:]) <= 8
+    assert policy.realized.time == pytest.approx(2.0, rel=0.01)
 
 
 def test_a_tree_of_unknown_ranks_tells_only_its_own_size():
