@@ -38,8 +38,9 @@ Both forecasts of a drafting step are biased in ways no single estimate shows: t
 chosen are those whose moving averages are highest, partly by chance, so they accept less than
 their averages say; and rows the choice does not see (lookup chains grafted onto head trees,
 lookup chains priced as plain rows) lengthen the step. `Realization` measures both: accepted
-drafts over those expected, and seconds over those predicted, in the steps that drafted; the
-choice scales every drafting option's gains and time by them.
+drafts over those expected, and seconds over those predicted, in the steps that drafted, apart
+by load (decoding sequences, in powers of two); the choice scales every drafting option's gains
+and time by those of its load.
 
 No tensors here: numbers in, request ids out.
 """
@@ -424,7 +425,9 @@ class SpeculationPolicy:
         fed everything before)."""
         self.steps_without_head = 0
         self.steps_with_small_trees = 0
-        self.realized = Realization()
+        self.realized: dict[int, Realization] = {}
+        """Realization by load: keyed by log2 of the decoding sequences' count, rounded down
+        (`_realized`), since the more candidates a choice ranks, the more luck picks its best."""
         self.last: Choice | None = None
         self.steps_by_tree_nodes: dict[int, int] = {}
         """Tree size -> steps in which the head drafted trees of that size (since start)."""
@@ -435,7 +438,7 @@ class SpeculationPolicy:
         num = len(candidates)
         rows = num + other_rows
         plain_goodput = num / self.costs.step(rows, 0) if num else 0.0
-        realized, slower = self.realized.tokens, self.realized.time
+        realized = self._realized(num)
         drafters = [  # (request, gains by tree size, owed entries, tokens feeding them costs)
             (c.request_id, self.acceptance.head(c.request_id, c.greedy), owed, plain_goodput * self.costs.feed * owed)
             for c in candidates
@@ -454,9 +457,9 @@ class SpeculationPolicy:
             ranked_at[n] = ranked
             tokens, owed_total, peak = float(num), 0.0, 0.0
             for k, (_, gain, owed, _) in enumerate(ranked, start=1):
-                tokens += realized * gain
+                tokens += realized.tokens * gain
                 owed_total += owed
-                goodput = tokens / (slower * self.costs.step(rows + k * (n - 1), k, owed_total, n))
+                goodput = tokens / (realized.time * self.costs.step(rows + k * (n - 1), k, owed_total, n))
                 if goodput > best[0]:
                     best = (goodput, k, n)
                 peak = max(peak, goodput)
@@ -483,7 +486,8 @@ class SpeculationPolicy:
         expected = sum(gain for _, gain, _, _ in chosen)
         tree_rows = rows + len(head) * (tree_nodes - 1)
         lookup, lookup_rows, lookup_expected = (
-            self._lookup_alone(candidates, head, tree_rows, tree_nodes, goodput) if self.decides_lookup else ([], 0.0, 0.0)
+            self._lookup_alone(candidates, head, tree_rows, tree_nodes, goodput, realized)
+            if self.decides_lookup else ([], 0.0, 0.0)
         )
         owed_total = sum(owed for _, _, owed, _ in chosen)
         seconds = 0.0 if other_rows else self.costs.step(tree_rows + lookup_rows, len(head), owed_total, tree_nodes)
@@ -504,20 +508,24 @@ class SpeculationPolicy:
         self.last = choice
         return choice
 
+    def _realized(self, decoding: int) -> Realization:
+        """The Realization of steps with `decoding` decoding sequences."""
+        return self.realized.setdefault(max(decoding, 1).bit_length() - 1, Realization())
+
     def _owed(self, request_id: str, context_len: int) -> int:
         """Entries past STEADY_OWED the request would feed the head before drafting."""
         owed = min(context_len - self.fed.get(request_id, 0), self.max_owed)
         return max(owed - STEADY_OWED, 0)
 
     def _lookup_alone(
-        self, candidates: list[Candidate], head: frozenset[str], rows: float, tree_nodes: int, goodput: float
+        self, candidates: list[Candidate], head: frozenset[str], rows: float, tree_nodes: int, goodput: float,
+        realized: Realization,
     ) -> tuple[list[str], float, float]:
         """Non-drafting sequences whose expected lookup gain per second of extra rows beats the
         step's goodput (both scaled by `Realization`); also the rows they add and the drafts
         they are expected to accept (unscaled)."""
         chosen, added_rows, expected = [], 0.0, 0.0
         drafting = len(head)
-        realized, slower = self.realized.tokens, self.realized.time
         for c in candidates:
             if c.request_id in head:
                 continue
@@ -525,7 +533,7 @@ class SpeculationPolicy:
             added = self.costs.step(rows + extra, drafting, tree_nodes=tree_nodes) - self.costs.step(
                 rows, drafting, tree_nodes=tree_nodes
             )
-            if added <= 0 or realized * accepted / (slower * added) > goodput:
+            if added <= 0 or realized.tokens * accepted / (realized.time * added) > goodput:
                 chosen.append(c.request_id)
                 rows += extra
                 added_rows += extra
@@ -577,7 +585,7 @@ class SpeculationPolicy:
             self.costs.observe(rows, drafting, seconds, owed, tree_nodes if drafting else None)
             last = self.last
             if last is not None and last.seconds > 0 and (last.head or last.lookup_alone):
-                self.realized.observe(last.expected, accepted, last.seconds, seconds)
+                self._realized(len(batch.seqs)).observe(last.expected, accepted, last.seconds, seconds)
 
     def _record_head(self, request_id: str, greedy: bool, seq_result, nodes: int) -> None:
         """Acceptance by tree size from a head tree of `nodes` nodes: every size up to it where
@@ -608,7 +616,7 @@ class SpeculationPolicy:
             "tree_nodes": (last.tree_nodes or self.max_tree_nodes) if last and last.head else 0,
             "lookup_alone": len(last.lookup_alone) if last else 0,
             "expected_tokens_per_second": last.goodput if last else 0.0,
-            "realized": {"tokens": self.realized.tokens, "time": self.realized.time},
+            "realized": {1 << load: {"tokens": r.tokens, "time": r.time} for load, r in sorted(self.realized.items())},
             "steps_by_tree_nodes": dict(sorted(self.steps_by_tree_nodes.items())),
             "costs": self.costs.as_dict(),
             "head_acceptance": {

@@ -260,11 +260,22 @@ def test_drafting_that_yields_less_than_forecast_stops():
     aside."""
     policy = policy_with(costs(), lookup=False)
     assert all(drafting_steps(policy, [1, 2, 3]))
-    assert policy.realized.tokens == pytest.approx(1.0, abs=0.35) and policy.realized.time == pytest.approx(1.0)
+    assert policy._realized(1).tokens == pytest.approx(1.0, abs=0.35) and policy._realized(1).time == pytest.approx(1.0)
     policy = policy_with(costs(), lookup=False)
     drafted = drafting_steps(policy, [])
     assert drafted[0] and sum(drafted[-30:]) <= 8
-    assert policy.realized.tokens == REALIZED_BOUNDS[0]
+    assert policy._realized(1).tokens == REALIZED_BOUNDS[0]
+
+
+def test_what_loaded_steps_realize_leaves_a_lone_sequence_alone():
+    """Ranking 16 candidates picks lucky averages; one candidate has none to pick from: the
+    ratios are kept by load, so loaded steps that realized nothing still let batch 1 draft."""
+    policy = policy_with(costs(), lookup=False)
+    for _ in range(50):
+        policy._realized(16).observe(10.0, 0.0, 0.1, 0.1)
+    record(policy, ["r0"], 3.0)
+    assert policy.choose([Candidate("r0", True, head=True)]).head == {"r0"}
+    assert policy._realized(1).tokens == 1.0 and policy._realized(31).tokens == REALIZED_BOUNDS[0]
 
 
 def test_drafting_steps_slower_than_forecast_stop_where_the_margin_was_thin():
@@ -274,7 +285,7 @@ def test_drafting_steps_slower_than_forecast_stop_where_the_margin_was_thin():
     assert sum(drafting_steps(policy, [1], slower=1.0)[-30:]) >= 25
     policy = policy_with(costs(), lookup=False)
     assert sum(drafting_steps(policy, [1], slower=2.0)[-30:]) <= 8
-    assert policy.realized.time == pytest.approx(2.0, rel=0.01)
+    assert policy._realized(1).time == pytest.approx(2.0, rel=0.01)
 
 
 def test_a_tree_of_unknown_ranks_tells_only_its_own_size():
