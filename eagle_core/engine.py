@@ -105,6 +105,7 @@ class Engine:
                 choose_size=config.spec.num_draft_tokens is None,  # --num-draft-tokens pins the size
                 lookup=spec.lookup_max_batch is None,
                 max_owed=spec.feature_window + cache.block_size,
+                grafts=self.worker.num_lookup_slots > 0,
             )
         self.scheduler = Scheduler(
             self.config.scheduler,

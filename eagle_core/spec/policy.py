@@ -407,18 +407,21 @@ draft table includes them; only owed entries past these are priced at `feed`."""
 class SpeculationPolicy:
     def __init__(
         self, costs: StepCosts, max_tree_nodes: int, choose_size: bool = True, lookup: bool = True,
-        max_owed: int = 1 << 30,
+        max_owed: int = 1 << 30, grafts: bool = False,
     ):
         """`max_tree_nodes`: the configured tree (root included), the largest the policy drafts;
         `choose_size`: False drafts only that size (--num-draft-tokens pins it). `lookup`: the
         policy also decides lookup-alone steps (False: the scheduler's pinned
         --lookup-max-batch does). `max_owed`: most entries a sequence can owe the draft head
-        (the drafter keeps no more features than that)."""
+        (the drafter keeps no more features than that). `grafts`: the worker grafts each
+        drafting sequence's context-lookup chain onto its head tree, so a tree verifies the
+        chain's rows too (priced at the request's expected chain length)."""
         self.costs = costs
         self.max_tree_nodes = max_tree_nodes
         self.tree_sizes = list(range(2, max_tree_nodes + 1)) if choose_size else [max_tree_nodes]
         self.acceptance = Acceptance(max_tree_nodes)
         self.decides_lookup = lookup
+        self.grafts = grafts
         self.max_owed = max_owed
         self.fed: dict[str, int] = {}
         """Request -> its context length when it last drafted with the head (the head has been
@@ -439,27 +442,30 @@ class SpeculationPolicy:
         rows = num + other_rows
         plain_goodput = num / self.costs.step(rows, 0) if num else 0.0
         realized = self._realized(num)
-        drafters = [  # (request, gains by tree size, owed entries, tokens feeding them costs)
-            (c.request_id, self.acceptance.head(c.request_id, c.greedy), owed, plain_goodput * self.costs.feed * owed)
+        drafters = [  # (request, gains by tree size, owed entries, tokens feeding them costs, grafted rows)
+            (c.request_id, self.acceptance.head(c.request_id, c.greedy), owed, plain_goodput * self.costs.feed * owed,
+             self.acceptance.lookup(c.request_id, c.greedy)[1] if self.grafts else 0.0)
             for c in candidates
             if c.head
             for owed in [self._owed(c.request_id, c.context_len)]
         ]
         best = (plain_goodput, 0, self.max_tree_nodes)  # (goodput, drafting, tree nodes)
-        ranked_at: dict[int, list[tuple[float, float, int, str]]] = {}
+        ranked_at: dict[int, list[tuple[float, float, int, float, str]]] = {}
         for n in self.tree_sizes:
             # Best first: expected accepted tokens, less those the time of feeding the head what
             # the sequence owes would have produced decoding plainly.
             ranked = sorted(
-                ((gains[n] - feeding, gains[n], owed, request_id) for request_id, gains, owed, feeding in drafters),
+                ((gains[n] - feeding, gains[n], owed, grafted, request_id)
+                 for request_id, gains, owed, feeding, grafted in drafters),
                 reverse=True,
             )
             ranked_at[n] = ranked
-            tokens, owed_total, peak = float(num), 0.0, 0.0
-            for k, (_, gain, owed, _) in enumerate(ranked, start=1):
+            tokens, owed_total, extra_rows, peak = float(num), 0.0, 0.0, 0.0
+            for k, (_, gain, owed, grafted, _) in enumerate(ranked, start=1):
                 tokens += realized.tokens * gain
                 owed_total += owed
-                goodput = tokens / (realized.time * self.costs.step(rows + k * (n - 1), k, owed_total, n))
+                extra_rows += n - 1 + grafted
+                goodput = tokens / (realized.time * self.costs.step(rows + extra_rows, k, owed_total, n))
                 if goodput > best[0]:
                     best = (goodput, k, n)
                 peak = max(peak, goodput)
@@ -481,15 +487,15 @@ class SpeculationPolicy:
                 tree_nodes, probe = self.max_tree_nodes, True
         if best_k and tree_nodes == self.max_tree_nodes:
             self.steps_with_small_trees = 0
-        chosen = ranked_at[tree_nodes][:best_k] if best_k else []
-        head = frozenset(request_id for *_, request_id in chosen)
-        expected = sum(gain for _, gain, _, _ in chosen)
-        tree_rows = rows + len(head) * (tree_nodes - 1)
+        picked = ranked_at[tree_nodes][:best_k] if best_k else []
+        head = frozenset(request_id for *_, request_id in picked)
+        expected = sum(gain for _, gain, _, _, _ in picked)
+        tree_rows = rows + sum(tree_nodes - 1 + grafted for _, _, _, grafted, _ in picked)
         lookup, lookup_rows, lookup_expected = (
             self._lookup_alone(candidates, head, tree_rows, tree_nodes, goodput, realized)
             if self.decides_lookup else ([], 0.0, 0.0)
         )
-        owed_total = sum(owed for _, _, owed, _ in chosen)
+        owed_total = sum(owed for _, _, owed, _, _ in picked)
         seconds = 0.0 if other_rows else self.costs.step(tree_rows + lookup_rows, len(head), owed_total, tree_nodes)
         for c in candidates:
             if c.request_id not in head:

@@ -197,6 +197,23 @@ def test_temperature_is_a_signal_greedy_and_sampled_requests_learn_apart():
     assert policy.choose(fresh).head == {"new-greedy"}
 
 
+def test_a_head_tree_is_priced_with_the_lookup_chain_grafted_onto_it():
+    """Where the worker grafts each drafting sequence's lookup chain onto its tree, a 2-node
+    tree verifies the chain's rows too: the step costs them, and a gain that paid for one row
+    does not pay for nine."""
+    def choice(grafts: bool):
+        policy = policy_with(costs(plain_ms=(20.0, 2.0)), grafts=grafts, lookup=False)
+        record(policy, ["r0"], [0.0, 0.0] + [0.6] * (N - 1))  # 0.6 accepted whatever the size
+        for _ in range(20):
+            policy.acceptance.record_lookup("r0", True, 0, 8)  # chains of 8 rows
+        return policy.choose([Candidate("r0", True, head=True)])
+
+    plain_only = choice(grafts=False)
+    assert plain_only.head == {"r0"} and plain_only.tree_nodes == 2
+    grafted = choice(grafts=True)
+    assert grafted.head == frozenset()
+
+
 def test_lookup_alone_only_where_it_pays():
     policy = policy_with(costs(draft_ms=(200.0, 50.0)))
     for _ in range(20):
