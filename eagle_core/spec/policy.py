@@ -564,6 +564,8 @@ class SpeculationPolicy:
         rows = drafting = accepted = 0
         owed = 0
         tree_nodes = 1
+        last = self.last
+        forecast = last.head | last.lookup_alone if last is not None else frozenset()  # who drafted by the choice
         for work in batch.seqs:
             if not work.is_decode:
                 decode_only = False
@@ -573,7 +575,7 @@ class SpeculationPolicy:
                 continue
             is_greedy = work.params.greedy
             rows += 1 + seq_result.num_draft_tokens
-            if self.last is not None and (work.request_id in self.last.head or work.request_id in self.last.lookup_alone):
+            if work.request_id in forecast:
                 accepted += seq_result.num_accepted_tokens
             if work.drafts_with_head and seq_result.num_draft_tokens:
                 drafting += 1
@@ -589,8 +591,7 @@ class SpeculationPolicy:
             # else: plain, or a head tree that came to nothing (all of it forbidden by a grammar)
         if decode_only and rows:
             self.costs.observe(rows, drafting, seconds, owed, tree_nodes if drafting else None)
-            last = self.last
-            if last is not None and last.seconds > 0 and (last.head or last.lookup_alone):
+            if last is not None and last.seconds > 0 and forecast:
                 self._realized(len(batch.seqs)).observe(last.expected, accepted, last.seconds, seconds)
 
     def _record_head(self, request_id: str, greedy: bool, seq_result, nodes: int) -> None:
