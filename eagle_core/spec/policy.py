@@ -9,7 +9,10 @@ chain alone. The answer maximises the step's expected emitted tokens per second:
 
 over k = 0..B drafting sequences and tree sizes n = 2..N (N the configured tree, the largest;
 only N when --num-draft-tokens pins it), where B sequences decode. k = 0 is plain decoding,
-chosen whenever no tree pays.
+chosen whenever no tree pays. In a step that also prefills, B becomes the tokens plain decoding
+would emit in the time the plain step takes (B / plain(B) * plain(B + prefill rows)): the
+prefill is done either way, and a draft must come faster than plain decoding's tokens, not
+than the slow prefill step's.
 
 Costs (`StepCosts`): `plain(r)`, the seconds of a step whose target forward computes r rows
 (decode tokens and tree nodes alike); for k drafting sequences, `draft(k)`, the seconds their
@@ -389,7 +392,8 @@ class Choice:
     lookup_alone: frozenset[str]
     """Requests without a head tree that may verify a context-lookup chain alone."""
     goodput: float
-    """Expected emitted tokens per second of the chosen step."""
+    """Expected emitted tokens per second of the chosen step (a prefill's rows counted as the
+    tokens plain decoding emits in their time)."""
     probe: bool = False
     tree_nodes: int | None = None
     """Nodes of each head tree, root included; None: the largest."""
@@ -440,7 +444,12 @@ class SpeculationPolicy:
         step's other target rows (prefill chunks)."""
         num = len(candidates)
         rows = num + other_rows
-        plain_goodput = num / self.costs.step(rows, 0) if num else 0.0
+        # The plain decode rate. A step's other rows (prefill) are work that is done either way:
+        # their time counts as worth what it is worth decoding plainly, so that drafting in such
+        # a step pays only where its extra tokens come faster than plain decoding's (a prefill
+        # step's own tokens per second are low, and beside them any draft would look cheap).
+        plain_goodput = num / self.costs.step(num, 0) if num else 0.0
+        base_tokens = plain_goodput * self.costs.step(rows, 0)  # num where other_rows = 0
         realized = self._realized(num)
         drafters = [  # (request, gains by tree size, owed entries, tokens feeding them costs, grafted rows)
             (c.request_id, self.acceptance.head(c.request_id, c.greedy), owed, plain_goodput * self.costs.feed * owed,
@@ -460,7 +469,7 @@ class SpeculationPolicy:
                 reverse=True,
             )
             ranked_at[n] = ranked
-            tokens, owed_total, extra_rows, peak = float(num), 0.0, 0.0, 0.0
+            tokens, owed_total, extra_rows, peak = base_tokens, 0.0, 0.0, 0.0
             for k, (_, gain, owed, grafted, _) in enumerate(ranked, start=1):
                 tokens += realized.tokens * gain
                 owed_total += owed

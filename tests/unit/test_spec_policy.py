@@ -162,6 +162,24 @@ def test_nothing_drafts_where_drafting_cannot_pay_except_bounded_full_tree_probe
     assert 0 < probes * (cheaper.costs.step(N, 1) - plain) <= PROBE_SHARE * 2000 * plain
 
 
+def test_beside_a_prefill_a_draft_must_beat_the_plain_decode_rate_not_the_prefill_steps():
+    """A prefill makes the step slow: its own tokens per second are low, and beside them a draft
+    that plain decoding would beat looks cheap. Counting the prefill's time at the plain
+    decode rate leaves the decision to the drafts' own price."""
+    c = costs(plain_ms=(20.0, 0.5), draft_ms=(4.0, 2.0))
+    policy = policy_with(c)
+    record(policy, [f"r{i}" for i in range(8)], 0.6)  # too little to pay decoding plainly
+    assert not policy.choose(candidates(8)).head
+    beside_prefill = policy.choose(candidates(8), other_rows=400)
+    assert not beside_prefill.head
+    # the same step valued at its own (prefill-slowed) rate would have drafted
+    own_rate = 8 / c.step(408, 0)
+    gain = sum(sorted((policy.acceptance.head(f"r{i}", True)[N] for i in range(8)), reverse=True)[:1])
+    assert (8 + gain) / c.step(408 + N - 1, 1) > own_rate
+    record(policy, [f"r{i}" for i in range(8)], 4.0)  # drafts that pay decoding plainly pay here too
+    assert policy.choose(candidates(8), other_rows=400).head
+
+
 def test_sequences_without_room_never_draft():
     policy = policy_with(costs())
     record(policy, ["r0", "r1"], 3.0)
