@@ -54,6 +54,7 @@ import bisect
 import logging
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from eagle_core.batch import ScheduledBatch, StepResult
 
@@ -403,6 +404,20 @@ class Choice:
     """The step's predicted seconds (unscaled); 0 where it may prefill (not compared)."""
 
 
+class _Ranked(NamedTuple):
+    """A drafting candidate at one tree size, as `choose` ranks them (by `score`)."""
+
+    score: float
+    """Expected accepted drafts, less those the time of feeding the head would have decoded."""
+    gain: float
+    """Expected accepted drafts."""
+    owed: int
+    """Entries past STEADY_OWED it owes the head."""
+    grafted: float
+    """Lookup-chain rows grafted onto its tree (0 without grafts)."""
+    request_id: str
+
+
 STEADY_OWED = 4
 """Draft entries a sequence drafting every step owes (its root and accepted tokens): the start-up
 draft table includes them; only owed entries past these are priced at `feed`."""
@@ -459,21 +474,21 @@ class SpeculationPolicy:
             for owed in [self._owed(c.request_id, c.context_len)]
         ]
         best = (plain_goodput, 0, self.max_tree_nodes)  # (goodput, drafting, tree nodes)
-        ranked_at: dict[int, list[tuple[float, float, int, float, str]]] = {}
+        ranked_at: dict[int, list[_Ranked]] = {}
         for n in self.tree_sizes:
             # Best first: expected accepted tokens, less those the time of feeding the head what
             # the sequence owes would have produced decoding plainly.
             ranked = sorted(
-                ((gains[n] - feeding, gains[n], owed, grafted, request_id)
+                (_Ranked(gains[n] - feeding, gains[n], owed, grafted, request_id)
                  for request_id, gains, owed, feeding, grafted in drafters),
                 reverse=True,
             )
             ranked_at[n] = ranked
             tokens, owed_total, extra_rows, peak = base_tokens, 0.0, 0.0, 0.0
-            for k, (_, gain, owed, grafted, _) in enumerate(ranked, start=1):
-                tokens += realized.tokens * gain
-                owed_total += owed
-                extra_rows += n - 1 + grafted
+            for k, option in enumerate(ranked, start=1):
+                tokens += realized.tokens * option.gain
+                owed_total += option.owed
+                extra_rows += n - 1 + option.grafted
                 goodput = tokens / (realized.time * self.costs.step(rows + extra_rows, k, owed_total, n))
                 if goodput > best[0]:
                     best = (goodput, k, n)
@@ -497,14 +512,14 @@ class SpeculationPolicy:
         if best_k and tree_nodes == self.max_tree_nodes:
             self.steps_with_small_trees = 0
         picked = ranked_at[tree_nodes][:best_k] if best_k else []
-        head = frozenset(request_id for *_, request_id in picked)
-        expected = sum(gain for _, gain, _, _, _ in picked)
-        tree_rows = rows + sum(tree_nodes - 1 + grafted for _, _, _, grafted, _ in picked)
+        head = frozenset(option.request_id for option in picked)
+        expected = sum(option.gain for option in picked)
+        tree_rows = rows + sum(tree_nodes - 1 + option.grafted for option in picked)
         lookup, lookup_rows, lookup_expected = (
             self._lookup_alone(candidates, head, tree_rows, tree_nodes, goodput, realized)
             if self.decides_lookup else ([], 0.0, 0.0)
         )
-        owed_total = sum(owed for _, _, owed, _, _ in picked)
+        owed_total = sum(option.owed for option in picked)
         seconds = 0.0 if other_rows else self.costs.step(tree_rows + lookup_rows, len(head), owed_total, tree_nodes)
         for c in candidates:
             if c.request_id not in head:
