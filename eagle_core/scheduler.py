@@ -3,17 +3,18 @@
 Each step it decides which sequences run and how many tokens each computes, under two budgets:
 tokens per step (`max_num_batched_tokens`, draft-tree tokens included) and KV blocks. Policy:
 
-1. Running sequences first, oldest first. A decoding sequence computes its one last token plus
-   the tokens of the draft head's tree when it drafts this step (the speculation policy's
-   choice of who drafts and of the tree's size, at most `num_draft_slots` tokens past its root,
-   spec/policy.py; or, pinned by --spec-max-batch, a full-size tree while at most
-   `max_spec_batch` sequences run); a sequence still prefilling computes its next chunk.
-   When KV blocks run out, the newest running sequence is preempted: its blocks are freed and
-   it goes back to the front of the waiting queue, to be recomputed later (prompt + output so
-   far are simply prefilled again).
+1. Running sequences first, oldest first. A decoding sequence computes its one last token; a
+   sequence still prefilling computes its next chunk. When KV blocks run out, the newest
+   running sequence is preempted: its blocks are freed and it goes back to the front of the
+   waiting queue, to be recomputed later (prompt + output so far are simply prefilled again).
 2. Then, if nothing was preempted, waiting requests are admitted first-come-first-served while
    sequence slots, tokens and blocks remain. Long prompts are split into chunks.
-3. Tokens still left go to context lookup: each decoding sequence, oldest first, gets up to
+3. Then the draft head's trees, from the tokens and blocks left, oldest sequence first: each
+   decoding sequence the speculation policy chose gets up to its tree's size in slots past its
+   root (at most `num_draft_slots`, spec/policy.py; or, pinned by --spec-max-batch, a
+   full-size tree while at most `max_spec_batch` sequences run). Drafts never take a prompt's
+   tokens or blocks, nor preempt anything.
+4. Tokens still left go to context lookup: each decoding sequence, oldest first, gets up to
    `num_lookup_slots` more draft slots (without a head tree only where the policy allows a
    chain alone, or, pinned, up to `max_lookup_batch` running sequences). Lookup finds a chain
    for only about a third of steps, so its slots come last and never crowd out a prefill; they
@@ -128,17 +129,7 @@ class Scheduler:
                 continue
             work.append(self._work(request, num_new, skip_reason))
             wanted_drafts.append((work[-1], num_draft))
-            budget -= num_new + num_draft
-        # Draft slots only once every running sequence holds the KV of its own next tokens:
-        # drafts are optional, and taking a block another sequence then lacks would preempt it
-        # (its whole context recomputed) for a few draft tokens.
-        for w, num_draft in wanted_drafts:
-            if num_draft:
-                request = self.requests[w.request_id]
-                w.num_draft_slots = self._grow_without_preempting(request, w.start_pos + len(w.token_ids), num_draft)
-                w.num_tree_slots = w.num_draft_slots
-                w.draft_skip_reason = None if w.num_draft_slots else "kv_cache"
-                budget += num_draft - w.num_draft_slots
+            budget -= num_new
 
         while (
             not preempted
@@ -172,6 +163,21 @@ class Scheduler:
             if work[-1].is_decode:
                 work[-1].draft_skip_reason = "policy" if self.policy else "batch_size"
             budget -= num_new
+
+        # Draft slots last, from the tokens and KV blocks the running sequences' own tokens and
+        # the admitted prompts left: drafts are optional. A prompt's tokens are work a step
+        # does either way, and a tree that took their budget would push them into an extra
+        # step; a block another sequence then lacks would preempt it (its whole context
+        # recomputed) for a few draft tokens.
+        for w, num_draft in wanted_drafts:
+            if num_draft:
+                request = self.requests[w.request_id]
+                reserved = w.start_pos + len(w.token_ids)
+                w.num_draft_slots = self._grow_without_preempting(request, reserved, min(num_draft, budget))
+                w.num_tree_slots = w.num_draft_slots
+                if not w.num_draft_slots:
+                    w.draft_skip_reason = "token_budget" if budget < 1 else "kv_cache"
+                budget -= w.num_draft_slots
 
         if self.num_lookup_slots and budget > 0:
             if choice and self.policy.decides_lookup:

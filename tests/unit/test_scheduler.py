@@ -198,6 +198,21 @@ def test_lookup_slots_take_only_the_budget_prefills_leave():
     assert len(s.requests["a"].block_table) * 4 >= batch.seqs[0].start_pos + 1 + 3
 
 
+def test_a_prompts_tokens_come_before_draft_slots():
+    s = make(draft_slots=4, max_num_batched_tokens=16)
+    s.add(request("a", 4))
+    step(s)
+    s.add(request("b", 20))
+    batch, _ = step(s)
+    # b's chunk takes all the budget a's decode token leaves: a tree there would push 4 prompt
+    # tokens into another step
+    assert [(w.request_id, len(w.token_ids), w.num_draft_slots) for w in batch.seqs] == [("a", 1, 0), ("b", 15, 0)]
+    assert batch.seqs[0].draft_skip_reason == "token_budget"
+    batch, _ = step(s)
+    # b's last 5 prompt tokens leave room for a's whole tree
+    assert [(w.request_id, len(w.token_ids), w.num_draft_slots) for w in batch.seqs] == [("a", 1, 4), ("b", 5, 0)]
+
+
 def test_lookup_slots_are_capped_by_room_and_never_preempt():
     s = make(draft_slots=2, lookup_slots=8, max_num_batched_tokens=64)
     s.add(request("a", 4, max_output=6))
