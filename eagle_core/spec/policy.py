@@ -499,7 +499,7 @@ class SpeculationPolicy:
         probe = False
         if best_k == 0 and drafters:
             self.steps_without_head += 1
-            if self.steps_without_head >= self._probe_interval(rows):
+            if self.steps_without_head >= self._probe_interval(rows, ranked_at[self.max_tree_nodes][0].owed):
                 best_k, tree_nodes, probe = 1, self.max_tree_nodes, True
         if best_k:
             self.steps_without_head = 0
@@ -570,10 +570,11 @@ class SpeculationPolicy:
                 expected += accepted
         return chosen, added_rows, expected
 
-    def _probe_interval(self, rows: int) -> int:
-        """Plain steps between probes, so that probes add at most PROBE_SHARE to the time."""
+    def _probe_interval(self, rows: int, owed: int) -> int:
+        """Plain steps between probes, so that probes add at most PROBE_SHARE to the time; the
+        probing sequence owes the head `owed` entries, which it feeds in the probe step."""
         plain = self.costs.step(rows, 0)
-        return self._interval(self.costs.step(rows + self.max_tree_nodes - 1, 1) - plain, plain)
+        return self._interval(self.costs.step(rows + self.max_tree_nodes - 1, 1, owed) - plain, plain)
 
     @staticmethod
     def _interval(extra: float, seconds: float) -> int:

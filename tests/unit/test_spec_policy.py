@@ -162,6 +162,20 @@ def test_nothing_drafts_where_drafting_cannot_pay_except_bounded_full_tree_probe
     assert 0 < probes * (cheaper.costs.step(N, 1) - plain) <= PROBE_SHARE * 2000 * plain
 
 
+def test_probes_keep_to_their_share_with_what_the_probing_sequence_owes_the_head():
+    """A sequence that has not drafted for a while feeds the head what it owes in its probe: the
+    probe interval counts that feeding too."""
+    c = costs(draft_ms=(20.0, 5.0))
+    c.feed = 0.2e-3  # s per owed entry: 256 owed entries cost 2.5 plain steps
+    policy = policy_with(c)
+    record(policy, ["r0"], 0.2)
+    owing = [Candidate("r0", True, head=True, context_len=260)]
+    probes = [c for c in (policy.choose(owing) for _ in range(4000)) if c.head]
+    plain = policy.costs.step(1, 0)
+    extra = policy.costs.step(N, 1, owed=256) - plain
+    assert probes and len(probes) * extra <= PROBE_SHARE * 4000 * plain
+
+
 def test_beside_a_prefill_a_draft_must_beat_the_plain_decode_rate_not_the_prefill_steps():
     """A prefill makes the step slow: its own tokens per second are low, and beside them a draft
     that plain decoding would beat looks cheap. Counting the prefill's time at the plain
