@@ -88,10 +88,22 @@ def second_turn(question: MTBenchQuestion, first_answer: str) -> list[dict]:
     ]
 
 
+def by_category(questions: list[MTBenchQuestion]) -> list[MTBenchQuestion]:
+    """The questions round-robin over their categories (in order of each category's first
+    question), each category's in their own order."""
+    groups: dict[str, list[MTBenchQuestion]] = {}
+    for q in questions:
+        groups.setdefault(q.category, []).append(q)
+    rounds = max((len(g) for g in groups.values()), default=0)
+    return [g[i] for i in range(rounds) for g in groups.values() if i < len(g)]
+
+
 def sweep_pool(questions: list[MTBenchQuestion], code: list[CodePrompt]) -> list[tuple[str, list[dict]]]:
     """(id, messages) for the concurrency sweep: MT-bench first turns and HumanEval alternating,
-    so every sweep point sees the same mix."""
-    chat = [(q.id + "/turn1", first_turn(q)) for q in questions]
+    so every sweep point sees the same mix. The first turns take MT-bench's categories in turn
+    (`by_category`): the file holds them in runs of ten, and a point that sends only the first
+    few requests would otherwise see one category alone."""
+    chat = [(q.id + "/turn1", first_turn(q)) for q in by_category(questions)]
     coding = [(c.id, list(c.messages)) for c in code]
     pool = []
     for i in range(max(len(chat), len(coding))):
