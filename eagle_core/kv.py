@@ -38,6 +38,12 @@ def block_hashes(token_ids: list[int], block_size: int, parent: bytes = b"") -> 
     return keys
 
 
+def salt_key(salt: str | None) -> bytes:
+    """The parent key of a sequence's first block (block_hashes): b"" without a salt, else a
+    digest of the salt, so salted sequences share blocks only with the same salt."""
+    return b"" if salt is None else hashlib.blake2b(salt.encode(), digest_size=16, person=b"cache_salt").digest()
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, caching: bool = False):
         if num_blocks < 1 or block_size < 1:

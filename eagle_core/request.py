@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from eagle_core.batch import token_range
-from eagle_core.kv import block_hashes
+from eagle_core.kv import block_hashes, salt_key
 from eagle_core.sampling_params import SamplingParams
 
 
@@ -64,7 +64,7 @@ class Request:
         known = self.cache_keys
         if len(known) < num_blocks:
             tokens = self.token_slice(len(known) * block_size, num_blocks * block_size)
-            known += block_hashes(tokens, block_size, known[-1] if known else b"")
+            known += block_hashes(tokens, block_size, known[-1] if known else salt_key(self.params.cache_salt))
         return known
 
     @cached_property

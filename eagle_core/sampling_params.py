@@ -53,6 +53,9 @@ class SamplingParams:
     node too, so speculation stays exact); -100 bans a token in practice, +100 forces it.
     grammar: the output must match it (structured outputs): every sampled position, draft-tree
     nodes included, samples only among the tokens the grammar allows there.
+    cache_salt: the request's prefix-cache blocks are found only by requests with the same salt
+    (None: by requests without one), so a tenant cannot learn from response times what another
+    tenant's prompts share with its own. It changes no output.
     """
 
     temperature: float = 1.0
@@ -72,6 +75,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     grammar: Grammar | None = None
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         # Accept lists from callers but store tuples so the object stays hashable and frozen.
@@ -119,6 +123,8 @@ class SamplingParams:
             bad("logprobs", f"top logprobs must be in [0, 20], got {self.logprobs}")
         if self.seed is not None and not isinstance(self.seed, int):
             bad("seed", "seed must be an integer")
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
+            bad("cache_salt", "cache_salt must be a non-empty string")
         for token, value in self.logit_bias:
             if isinstance(token, bool) or not isinstance(token, int) or token < 0:
                 bad("logit_bias", f"logit_bias keys must be non-negative token ids, got {token!r}")

@@ -170,6 +170,9 @@ class _SamplingRequest(_Request):
     stop_token_ids: list[int] | None = None
     min_tokens: int | None = None
     ignore_eos: bool | None = None
+    cache_salt: str | None = None
+    """Prefix-cache namespace: cached prompt blocks are shared only among requests with the
+    same salt (SamplingParams.cache_salt)."""
     logit_bias: dict[str, float] | None = None
     """Token id (a decimal string, as OpenAI takes it) -> bias in [-100, 100]."""
     response_format: dict[str, Any] | None = None
@@ -213,6 +216,7 @@ class _SamplingRequest(_Request):
             "repetition_penalty": self.repetition_penalty,
             "min_tokens": self.min_tokens,
             "ignore_eos": self.ignore_eos,
+            "cache_salt": self.cache_salt,
             "logprobs": self._logprobs(),
         }
         kwargs: dict[str, Any] = {k: v for k, v in given.items() if v is not None}

@@ -322,6 +322,18 @@ def test_a_prompt_starting_with_computed_blocks_skips_them():
     assert (s.num_queried_tokens, s.num_cached_tokens) == (10 + 11, 8)
 
 
+def test_cached_blocks_are_shared_only_within_a_cache_salt():
+    s = make(caching=True)
+    salted = {name: SamplingParams(temperature=0, max_tokens=100, cache_salt=name) for name in ("x", "y")}
+    s.add(Request("a", list(range(10, 20)), salted["x"], 100))
+    step(s)  # two full blocks cached under salt x
+    s.add(Request("b", list(range(10, 20)), salted["y"], 100))
+    s.add(Request("c", list(range(10, 20)), GREEDY, 100))
+    s.add(Request("d", list(range(10, 20)), salted["x"], 100))
+    step(s)
+    assert [s.requests[r].num_cached_tokens for r in "bcd"] == [0, 0, 8]
+
+
 def test_the_last_prompt_token_is_computed_even_when_every_block_is_cached():
     s = make(caching=True)
     s.add(request("a", 8))

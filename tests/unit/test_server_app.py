@@ -380,6 +380,8 @@ async def test_health_reports_load_failure():
         (chat(stop=["a"] * 17), "stop"),
         (chat(stream_options={"include_usage": True}), "stream_options"),
         (chat(temperature="hot"), "temperature"),
+        (chat(cache_salt=""), "cache_salt"),
+        (chat(cache_salt=7), "cache_salt"),
         ({"model": "fake-model"}, "messages"),
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
