@@ -162,12 +162,15 @@ class Bench:
         self._flip += 1
         return [SPEC, BASE] if self._flip % 2 else [BASE, SPEC]
 
-    async def one(self, server: str, prompt_id: str, messages: list[dict], temperature: float, seed: int | None) -> StreamRecord | None:
-        body = _chat_body(messages, self.args.max_tokens, temperature, seed, self.args.ignore_eos)
+    async def one(
+        self, server: str, prompt_id: str, messages: list[dict], phase: dict, seed: int | None
+    ) -> StreamRecord | None:
+        body = _chat_body(messages, self.args.max_tokens, phase["temperature"], seed, self.args.ignore_eos)
+        body["cache_salt"] = cache_salt(phase)
         try:
             return await stream_chat(self.client, self.servers[server], prompt_id, body)
         except Exception as err:  # one failed request should not lose hours of results
-            self.errors.append(f"{server} {prompt_id} T={temperature}: {type(err).__name__}: {err}")
+            self.errors.append(f"{server} {prompt_id} T={phase['temperature']}: {type(err).__name__}: {err}")
             self.log(f"error: {self.errors[-1]}")
             return None
 
@@ -175,7 +178,7 @@ class Bench:
         """Run one prompt on both servers (alternating order), then on the reference rows."""
         got: dict[str, StreamRecord | None] = {}
         for server in self.order():
-            got[server] = await self.one(server, prompt_id, messages, phase["temperature"], seed)
+            got[server] = await self.one(server, prompt_id, messages, phase, seed)
             if got[server] is not None:
                 self.records.append({**phase, "record": got[server]})
         if reference and self.references and phase["temperature"] == 0.0:  # greedy rows only
@@ -278,7 +281,7 @@ class Bench:
         async def worker() -> None:
             while queue:
                 prompt_id, messages = queue.pop()
-                record = await self.one(server, prompt_id, messages, temperature, None)
+                record = await self.one(server, prompt_id, messages, phase, None)
                 if record is not None:
                     self.records.append({**phase, "record": record})
 
@@ -293,6 +296,14 @@ class Bench:
             prompt_ids = await tokenize_messages(self.client, self.servers[BASE], messages)
             for ref in self.references:
                 ref.run("warmup", prompt_ids, 8)
+
+
+def cache_salt(phase: dict) -> str:
+    """The prefix-cache salt of a phase's requests: each phase (batch 1 at one temperature, one
+    sweep point) sends prompts that earlier phases sent too, and a server that had kept their
+    blocks would skip most of their prefill, which a run of distinct prompts would not. Within
+    a phase blocks are shared as in any traffic (a second turn reuses its first)."""
+    return f"{phase['phase']}-T{phase['temperature']:g}-c{phase['concurrency']}"
 
 
 def _chat_body(messages, max_tokens, temperature, seed, ignore_eos) -> dict:

@@ -119,6 +119,24 @@ def test_sweep_pool_alternates_workloads():
     assert [p[0] for p in pool] == ["mt_bench/0/turn1", "humaneval/0", "mt_bench/1/turn1", "mt_bench/2/turn1"]
 
 
+def test_sweep_pool_takes_mt_bench_categories_in_turn():
+    qs = [workloads.MTBenchQuestion(f"mt_bench/{i}", category, ("q",))
+          for i, category in enumerate(["writing"] * 3 + ["math"] * 2 + ["coding"])]
+    pool = workloads.sweep_pool(qs, [])
+    assert [p[0] for p in pool] == [f"mt_bench/{i}/turn1" for i in (0, 3, 5, 1, 4, 2)]
+
+
+def test_each_phase_has_its_own_cache_salt_and_a_second_turn_shares_its_first_turns():
+    turn1 = {"phase": "batch1", "workload": "mt_bench_turn1", "temperature": 0.0, "concurrency": 1}
+    salts = {serve_bench.cache_salt(p) for p in (
+        turn1, {**turn1, "temperature": 1.0},
+        {"phase": "sweep", "workload": "mixed", "temperature": 0.0, "concurrency": 1},
+        {"phase": "sweep", "workload": "mixed", "temperature": 0.0, "concurrency": 2},
+    )}
+    assert len(salts) == 4
+    assert serve_bench.cache_salt({**turn1, "workload": "mt_bench_turn2"}) == serve_bench.cache_salt(turn1)
+
+
 def test_second_turn_carries_the_first_answer():
     q = workloads.MTBenchQuestion("mt_bench/81", "writing", ("Write.", "Rewrite."))
     assert workloads.second_turn(q, "Answer.") == [
