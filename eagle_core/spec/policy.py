@@ -463,8 +463,9 @@ class SpeculationPolicy:
         # their time counts as worth what it is worth decoding plainly, so that drafting in such
         # a step pays only where its extra tokens come faster than plain decoding's (a prefill
         # step's own tokens per second are low, and beside them any draft would look cheap).
-        plain_goodput = num / self.costs.step(num, 0) if num else 0.0
-        base_tokens = plain_goodput * self.costs.step(rows, 0)  # num where other_rows = 0
+        plain_step = self.costs.step(rows, 0)  # this step with nobody drafting
+        plain_goodput = num / (self.costs.step(num, 0) if other_rows else plain_step) if num else 0.0
+        base_tokens = plain_goodput * plain_step  # num where other_rows = 0
         realized = self._realized(num)
         drafters = [  # (request, gains by tree size, owed entries, tokens feeding them costs, grafted rows)
             (c.request_id, self.acceptance.head(c.request_id, c.greedy), owed, plain_goodput * self.costs.feed * owed,
@@ -499,7 +500,7 @@ class SpeculationPolicy:
         probe = False
         if best_k == 0 and drafters:
             self.steps_without_head += 1
-            if self.steps_without_head >= self._probe_interval(rows, ranked_at[self.max_tree_nodes][0].owed):
+            if self.steps_without_head >= self._probe_interval(rows, plain_step, ranked_at[self.max_tree_nodes][0].owed):
                 best_k, tree_nodes, probe = 1, self.max_tree_nodes, True
         if best_k:
             self.steps_without_head = 0
@@ -570,10 +571,10 @@ class SpeculationPolicy:
                 expected += accepted
         return chosen, added_rows, expected
 
-    def _probe_interval(self, rows: int, owed: int) -> int:
-        """Plain steps between probes, so that probes add at most PROBE_SHARE to the time; the
-        probing sequence owes the head `owed` entries, which it feeds in the probe step."""
-        plain = self.costs.step(rows, 0)
+    def _probe_interval(self, rows: int, plain: float, owed: int) -> int:
+        """Plain steps (`plain` seconds each, `rows` rows) between probes, so that probes add at
+        most PROBE_SHARE to the time; the probing sequence owes the head `owed` entries, which it
+        feeds in the probe step."""
         return self._interval(self.costs.step(rows + self.max_tree_nodes - 1, 1, owed) - plain, plain)
 
     @staticmethod
