@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import queue
 import threading
 import time
@@ -31,6 +32,12 @@ logger = logging.getLogger(__name__)
 # How long the engine thread backs off after engine.step() raised, so that a persistently
 # failing engine does not spin a core while it keeps answering requests with 500s.
 _FAILURE_BACKOFF_S = 0.05
+
+STATS_INTERVAL_S = 0.25
+"""While the engine steps, `engine.stats` (cumulative counters and the speculation policy's
+state, several dicts built in Python on the engine thread) is published at most this often;
+it is published whenever the engine goes idle, so a scrape after the last request of a burst
+reads exact counters. The running and waiting counts are published after every step."""
 
 
 class EngineNotReady(RuntimeError):
@@ -139,6 +146,7 @@ class EngineClient:
         self.peak_running = 0
         self.num_steps = 0
         self.engine_stats: dict[str, Any] = {}
+        self._stats_at = -math.inf  # time.monotonic() of the last engine_stats snapshot
         # Told about every request's submit, outputs and failure on the loop thread (metrics).
         self.observers: list[RequestObserver] = []
         self.on_load_failed: Callable[[BaseException], None] | None = None
@@ -342,6 +350,7 @@ class EngineClient:
             if self._stop:
                 return
             if not engine.has_unfinished():
+                self._publish_counts(engine, stats=True)
                 self._wake.wait()
                 self._wake.clear()
                 continue
@@ -404,16 +413,22 @@ class EngineClient:
             except Exception:
                 logger.exception("abort of %s failed", rid)
         active.clear()
-        self._publish_counts(engine)
+        self._publish_counts(engine, stats=True)
         self._call_soon(self._dispatch_error, ids, EngineStepError(str(exc)))
 
-    def _publish_counts(self, engine: Any) -> None:
+    def _publish_counts(self, engine: Any, stats: bool = False) -> None:
+        """The running and waiting counts; `engine.stats` too where `stats` is set or the last
+        snapshot is STATS_INTERVAL_S old."""
         self.num_running = int(engine.num_running)
         self.num_waiting = int(engine.num_waiting)
         self.peak_running = max(self.peak_running, self.num_running)
-        stats = getattr(engine, "stats", None)
-        if isinstance(stats, dict):
-            self.engine_stats = dict(stats)
+        now = time.monotonic()
+        if not stats and now - self._stats_at < STATS_INTERVAL_S:
+            return
+        self._stats_at = now
+        snapshot = getattr(engine, "stats", None)
+        if isinstance(snapshot, dict):
+            self.engine_stats = dict(snapshot)
 
 
 def _resolve(future: asyncio.Future, error: BaseException | None) -> None:

@@ -228,3 +228,37 @@ async def test_a_second_signal_cuts_at_once():
         await asyncio.wait_for(draining, 3)
         resp = await plain
     assert resp.status_code == 503 and resp.json()["error"]["code"] == "server_shutdown"
+
+
+class CountingStatsEngine(FakeEngine):
+    """FakeEngine with `stats`: the number of steps so far, and how often it was built."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.num_steps = 0
+        self.stats_builds = 0
+
+    def step(self):
+        self.num_steps += 1
+        return super().step()
+
+    @property
+    def stats(self) -> dict:
+        self.stats_builds += 1
+        return {"num_steps": self.num_steps}
+
+
+async def test_engine_stats_are_built_at_most_every_interval_while_stepping_and_exact_when_idle():
+    engine = CountingStatsEngine(max_model_len=100_000, tokens_per_step=1)
+    client = EngineClient(lambda: engine, max_waiting=8)
+    client.start()
+    await client.wait_ready()
+    try:
+        stream = await client.submit("r", ["p"], [SamplingParams(max_tokens=400, temperature=1.0)])
+        outs = [out async for _, out in stream]
+        assert outs[-1].finish_reason == "length"
+        await wait_until(lambda: client.engine_stats.get("num_steps") == engine.num_steps)
+        assert engine.num_steps >= 400
+        assert engine.stats_builds < engine.num_steps / 4  # not once per step
+    finally:
+        client.shutdown()
