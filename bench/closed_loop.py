@@ -9,7 +9,7 @@ Answers end at different times, so the running count varies. Engines on the same
 decoding, and one EAGLE engine per variant: "policy" (the default: the speculation policy
 chooses who drafts and the trees' size), "tree-N" or "tree-N/D/K" (the policy with the tree
 pinned: --num-draft-tokens N [--draft-depth D --draft-top-k K]), "pinned-N" (--spec-max-batch N --lookup-max-batch N), "always"
-(--spec-max-batch 0). Each round runs the same questions (--per-round, default 2 x C, at least
+(--spec-max-batch 0); "+" joins them ("always+tree-3/2/2"). Each round runs the same questions (--per-round, default 2 x C, at least
 6) through every engine, the order rotating. Comparing this with the HTTP sweep separates the
 engine's behaviour from the server's. Writes bench/results/closed-loop-<date>-<machine>.json and its plot (.png).
 """
@@ -49,18 +49,26 @@ def closed_loop(llm: LLM, prompts: list[str], concurrency: int, params: Sampling
 
 
 def variant_spec(name: str, draft: str) -> SpecConfig:
-    """The EAGLE engine's SpecConfig for a variant name (see the module docstring)."""
+    """The EAGLE engine's SpecConfig for a variant name (see the module docstring); names joined
+    by "+" combine ("always+tree-3/2/2": a fixed tree that always drafts)."""
+    fields: dict = {}
+    for part in name.split("+"):
+        fields.update(_variant_fields(part))
+    return SpecConfig(draft=draft, **fields)
+
+
+def _variant_fields(name: str) -> dict:
     if name == "policy":
-        return SpecConfig(draft=draft)
+        return {}
     if name.startswith("tree-"):  # tree-N or tree-N/D/K
         shape = [int(x) for x in name.removeprefix("tree-").split("/")]
-        return SpecConfig(draft=draft, **dict(zip(("num_draft_tokens", "depth", "top_k"), shape)))
+        return dict(zip(("num_draft_tokens", "depth", "top_k"), shape))
     if name == "always":
-        return SpecConfig(draft=draft, max_batch=0)
+        return {"max_batch": 0}
     if name.startswith("pinned-"):
         limit = int(name.removeprefix("pinned-"))
-        return SpecConfig(draft=draft, max_batch=limit, lookup_max_batch=limit)
-    raise SystemExit(f"unknown variant {name!r}: policy, tree-N, always or pinned-N")
+        return {"max_batch": limit, "lookup_max_batch": limit}
+    raise SystemExit(f"unknown variant {name!r}: policy, tree-N[/D/K], always or pinned-N, joined by +")
 
 
 def tree_sizes(llm: LLM) -> dict[int, int]:

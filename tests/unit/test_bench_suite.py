@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from bench import client, serve_bench, workloads
+from bench import client, closed_loop, serve_bench, workloads
 from bench.client import StreamRecord
 
 
@@ -273,3 +273,12 @@ def test_write_result_keeps_an_earlier_result_of_the_same_name(tmp_path):
     assert second.name == first.name.removesuffix(".json") + "-2.json"
     assert json.loads(first.read_text())["run"] == 1
     assert json.loads(third.read_text())["run"] == 3
+
+
+def test_closed_loop_variant_names_combine_with_plus():
+    spec = closed_loop.variant_spec("always+tree-3/2/2", "head")
+    assert (spec.max_batch, spec.num_draft_tokens, spec.depth, spec.top_k) == (0, 3, 2, 2)
+    assert closed_loop.variant_spec("policy", "head").max_batch is None
+    assert closed_loop.variant_spec("tree-4", "head").num_draft_tokens == 4
+    with pytest.raises(SystemExit):
+        closed_loop.variant_spec("always+wide", "head")
