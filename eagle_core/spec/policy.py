@@ -71,7 +71,9 @@ MIN_COST = 1e-6
 REQUEST_RATE = 0.3
 """Weight of one step in a request's own acceptance averages."""
 PRIOR_RATE = 0.02
-"""Weight of one sequence-step in the averages over all requests (new requests' estimates)."""
+"""Weight of one sequence-step in the averages over all requests (new requests' estimates),
+once they hold 1 / PRIOR_RATE steps; before that each is the plain mean of the steps recorded
+and its initial value, counted as one step (`Acceptance.record_head`)."""
 RELAX_RATE = 1 / 16
 """Per step without drafting, how far a request's estimate moves back toward the average."""
 PROBE_SHARE = 0.01
@@ -258,6 +260,18 @@ class _Estimates:
     """Index n: accepted head draft tokens per step with a tree of n nodes (0 below n = 2)."""
     lookup: float | None = None
     lookup_rows: float | None = None
+    head_steps: int = 0
+    """Steps recorded into `head` (kept for the averages over all requests only)."""
+    lookup_steps: int = 0
+
+
+def _prior_rate(steps: int) -> float:
+    """Weight of the `steps`-th step recorded into an average over all requests: the plain mean
+    of the steps so far and the initial value (one step's worth) until that weight falls to
+    PRIOR_RATE. A moving average at PRIOR_RATE from the start would keep the initial guess for
+    about 1 / PRIOR_RATE steps, and where drafts are seldom chosen (sampled requests under a
+    head that is weak there) the few steps that are measured would barely move it."""
+    return max(PRIOR_RATE, 1.0 / (steps + 1))
 
 
 def _mix(old: float | None, new: float, rate: float) -> float:
@@ -315,17 +329,20 @@ class Acceptance:
             rate = 1.0
         else:
             rate = REQUEST_RATE
+        prior.head_steps += 1
+        prior_rate = _prior_rate(prior.head_steps)
         for n in sizes:
             own.head[n] += rate * (accepted[n] - own.head[n])
-            prior.head[n] += PRIOR_RATE * (accepted[n] - prior.head[n])
+            prior.head[n] += prior_rate * (accepted[n] - prior.head[n])
 
     def record_lookup(self, request_id: str, greedy: bool, accepted: int, rows: int) -> None:
         own = self.requests.setdefault(request_id, _Estimates())
         own.lookup = _mix(own.lookup, accepted, REQUEST_RATE)
         own.lookup_rows = _mix(own.lookup_rows, rows, REQUEST_RATE)
         prior = self.prior[greedy]
-        prior.lookup = _mix(prior.lookup, accepted, PRIOR_RATE)
-        prior.lookup_rows = _mix(prior.lookup_rows, rows, PRIOR_RATE)
+        prior.lookup_steps += 1
+        prior.lookup = _mix(prior.lookup, accepted, _prior_rate(prior.lookup_steps))
+        prior.lookup_rows = _mix(prior.lookup_rows, rows, _prior_rate(prior.lookup_steps))
 
     def relax(self, request_id: str, greedy: bool) -> None:
         """A step in which this request did not draft with the head: its head estimates move

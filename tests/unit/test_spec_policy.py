@@ -14,8 +14,10 @@ from eagle_core.spec.policy import (
     COST_RATE,
     MAX_PROBE_INTERVAL,
     MIN_MOVE,
+    PRIOR_RATE,
     PROBE_SHARE,
     REALIZED_BOUNDS,
+    Acceptance,
     Candidate,
     CostTable,
     SpeculationPolicy,
@@ -458,3 +460,23 @@ def test_more_never_costs_less():
     for _ in range(100):
         table.observe(1, 0.040)
     assert table.as_dict()[2] >= table(1) and table(4) >= table(2)
+
+
+def test_the_averages_over_requests_are_the_mean_of_their_first_steps_then_move_at_the_prior_rate():
+    """Where drafts are seldom chosen (sampled requests), the few steps measured must replace
+    the initial guess, not nudge it by PRIOR_RATE each."""
+    acceptance = Acceptance(N)
+    initial = list(acceptance.prior[False].head)
+    steps = [0.0, 0.0, 0.3, 0.4, 0.45, 0.48, 0.5, 0.5, 0.5]
+    for i in range(5):
+        acceptance.record_head(f"r{i}", False, steps, range(2, N + 1))
+    for n in range(2, N + 1):
+        assert acceptance.prior[False].head[n] == pytest.approx((initial[n] + 5 * steps[n]) / 6)
+    assert acceptance.prior[True].head == initial  # greedy requests learn apart
+    acceptance.record_lookup("r0", False, 0, 4)
+    assert acceptance.prior[False].lookup == pytest.approx(0.25)  # the mean of 0.5 (initial) and 0
+    for i in range(200):
+        acceptance.record_head(f"s{i}", False, steps, range(2, N + 1))
+    before = acceptance.prior[False].head[2]
+    acceptance.record_head("late", False, [0.0, 0.0, 1.3] + steps[3:], range(2, N + 1))
+    assert acceptance.prior[False].head[2] - before == pytest.approx(PRIOR_RATE * (1.3 - before))
