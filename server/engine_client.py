@@ -35,9 +35,10 @@ _FAILURE_BACKOFF_S = 0.05
 
 STATS_INTERVAL_S = 0.25
 """While the engine steps, `engine.stats` (cumulative counters and the speculation policy's
-state, several dicts built in Python on the engine thread) is published at most this often;
-it is published whenever the engine goes idle, so a scrape after the last request of a burst
-reads exact counters. The running and waiting counts are published after every step."""
+state, several dicts built in Python on the engine thread) is published at most this often,
+and after the step that leaves the engine with nothing to do, before its outputs are handed
+on: a scrape after the last request of a burst reads exact counters. The running and waiting
+counts are published after every step."""
 
 
 class EngineNotReady(RuntimeError):
@@ -350,7 +351,6 @@ class EngineClient:
             if self._stop:
                 return
             if not engine.has_unfinished():
-                self._publish_counts(engine, stats=True)
                 self._wake.wait()
                 self._wake.clear()
                 continue
@@ -365,7 +365,8 @@ class EngineClient:
             for out in outputs:
                 if out.finished:
                     active.discard(out.request_id)
-            self._publish_counts(engine)
+            # Exact stats before the outputs that end a burst reach anyone (a scrape then counts them).
+            self._publish_counts(engine, stats=not engine.has_unfinished())
             if outputs:
                 self._call_soon(self._dispatch, outputs)
 
