@@ -24,6 +24,7 @@ from eagle_core.config import (
     COMPILE_MODES,
     DRAFT_QUANTIZATIONS,
     WEIGHT_PACKINGS,
+    WEIGHT_QUANTIZATIONS,
     CacheConfig,
     EngineConfig,
     ModelConfig,
@@ -115,6 +116,15 @@ FLAGS: tuple[Flag, ...] = (
         "linears on the weights as loaded, and a second compiled start loads its graphs from the "
         "compile cache",
         choices=WEIGHT_PACKINGS,
+    ),
+    Flag(
+        "--weight-quantization",
+        "model",
+        "weight_quantization",
+        "int4: the target's decoder linears read 4-bit weights (groups of 32, the GGUF Q4_1 layout, "
+        "which the default model ships in) for steps of few rows, dense bf16 ones beyond; bf16 "
+        "on the CPU, not with --deterministic; none: the weights as loaded",
+        choices=WEIGHT_QUANTIZATIONS,
     ),
     Flag(
         "--compile",

@@ -22,6 +22,7 @@ def make_engine(
     dtype: str = "float32",
     spec_max_batch: int = 0,
     weight_packing: str = "auto",
+    weight_quantization: str = "none",
     compile: str = "off",
     attention_backend: str = "auto",
     deterministic: bool = False,
@@ -32,6 +33,7 @@ def make_engine(
         model=ModelConfig(
             model=str(model_dir), dtype=dtype, device="cpu", max_model_len=max_model_len, weight_packing=weight_packing,
             compile=compile, attention_backend=attention_backend, deterministic=deterministic,
+            weight_quantization=weight_quantization,
         ),
         cache=CacheConfig(kv_cache_tokens=kv_tokens, prefix_caching=prefix_caching),
         scheduler=dataclasses.replace(SchedulerConfig(), **sched),

@@ -3,15 +3,16 @@
 `paged_attention_available()` builds and loads `csrc/paged_attention.cpp` once per process: a
 torch operator, `torch.ops.eagle_serve.paged_attention`, that attends query tiles over keys and
 values of the paged cache, read in place for tiles of few query slots (its contract is in the
-source). torch.compile calls
-it as an opaque operator (its shapes come from `_fake_paged_attention`).
+source). `int4_linear_available()` does the same for `csrc/int4_linear.cpp`,
+`torch.ops.eagle_serve.int4_linear` (worker/int4_linear.py). torch.compile calls both as opaque
+operators (their shapes come from the `_fake_*` functions).
 
 The build uses torch's C++ extension tooling (ninja, the system's C++ compiler, the same one
 inductor needs) with the vector ISA inductor picks for this CPU, so the library is specific to
 the machine: it lives under `$EAGLE_SERVE_CACHE/kernels/<key>`, keyed by the source, torch's
 version and the ISA, and a second start loads it without compiling. Where it cannot be built
 (no compiler), the function says so once in the log and returns False; the attention backend
-then uses sdpa over gathered keys for every bucket.
+then uses sdpa over gathered keys for every bucket, and int4 weights are refused.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
 _NAME = "eagle_serve_paged_attention"
+_INT4_SOURCE = Path(__file__).parent / "csrc" / "int4_linear.cpp"
+_INT4_NAME = "eagle_serve_int4_linear"
 
 
 def _isa_flags() -> tuple[str, list[str]]:
@@ -62,19 +65,52 @@ def build(name: str, source: Path, build_dir: Path) -> None:
     )
 
 
+def _load(name: str, source: Path) -> None:
+    """Build `source` (or find it in the cache) and load it as library `name`."""
+    isa, flags = _isa_flags()
+    key = hashlib.sha256(source.read_bytes() + f"{torch.__version__}|{isa}|{flags}".encode()).hexdigest()[:16]
+    build(name, source, cache_root() / "kernels" / f"{name}-{key}")
+
+
 @functools.cache
 def paged_attention_available() -> bool:
     """Builds (or finds in the cache) and loads the paged attention kernel; True when
     `torch.ops.eagle_serve.paged_attention` can be called."""
-    isa, flags = _isa_flags()
-    key = hashlib.sha256(_SOURCE.read_bytes() + f"{torch.__version__}|{isa}|{flags}".encode()).hexdigest()[:16]
     try:
-        build(_NAME, _SOURCE, cache_root() / "kernels" / f"{_NAME}-{key}")
+        _load(_NAME, _SOURCE)
     except Exception as exc:  # no compiler or ninja, a failed build: fall back, loudly
         logger.warning("CPU paged attention kernel unavailable, using sdpa over gathered keys: %s", exc)
         return False
     torch.library.register_fake("eagle_serve::paged_attention")(_fake_paged_attention)
     return True
+
+
+@functools.cache
+def int4_linear_available() -> bool:
+    """Builds (or finds in the cache) and loads the int4 linear operator (worker/int4_linear.py);
+    True when `torch.ops.eagle_serve.int4_linear` can be called."""
+    if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") or not torch.backends.mkldnn.is_available():
+        logger.warning("int4 weights unavailable: this torch build lacks its CPU int4 kernel or oneDNN")
+        return False
+    try:
+        _load(_INT4_NAME, _INT4_SOURCE)
+    except Exception as exc:
+        logger.warning("int4 linear operator unavailable: %s", exc)
+        return False
+    torch.library.register_fake("eagle_serve::int4_linear")(_fake_int4_linear)
+    return True
+
+
+def _fake_int4_linear(
+    x: torch.Tensor,  # [N, in] bfloat16
+    packed: torch.Tensor,
+    scale_zeros: torch.Tensor,  # [in / group, out, 2]
+    dense: torch.Tensor,
+    dense_packed: bool,
+    group: int,
+    row_limit: int,
+) -> torch.Tensor:  # [N, out]
+    return x.new_empty(x.shape[0], scale_zeros.shape[1])
 
 
 def _fake_paged_attention(

@@ -27,6 +27,8 @@ from eagle_core.spec.int8_linear import quantize_linears, wants_int8
 from eagle_core.spec.lookup import ContextLookup
 from eagle_core.worker import attention
 from eagle_core.worker.compiled import CompileSettings
+from eagle_core.worker.cpu_kernels import int4_linear_available
+from eagle_core.worker.int4_linear import measure_row_limit, quantize_decoder
 from eagle_core.worker.invariant_linear import wrap_linears
 from eagle_core.worker.kv_storage import KVStorage
 from eagle_core.worker.loader import cpu_has_amx_bf16, dtype_name, load_model
@@ -65,6 +67,9 @@ class Worker:
         self.attention_backend = resolve_attention_backend(
             config.model.attention_backend, self.compiled, self.deterministic
         )
+        self.weight_quantization = self._quantize_target(loaded, config.model)
+        """"int4" when the target's decoder linears hold int4 weights (worker/int4_linear.py),
+        else None."""
         self.packed_weights = False
         """Whether the target's (and the draft head's) bf16 linears run on oneDNN-packed weights
         in eager forwards (worker/packed_linear.py)."""
@@ -121,6 +126,24 @@ class Worker:
 
     def execute(self, batch: ScheduledBatch) -> StepResult:
         return self.runner.execute(batch)
+
+    def _quantize_target(self, loaded, model: ModelConfig) -> str | None:
+        if model.weight_quantization == "none":
+            return None
+        if self.device.type != "cpu" or self.dtype != torch.bfloat16:
+            raise ModelLoadError(
+                f"--weight-quantization {model.weight_quantization} needs a bfloat16 model on the CPU; "
+                f"got {dtype_name(self.dtype)} on {self.device}"
+            )
+        if not int4_linear_available():
+            raise ModelLoadError("--weight-quantization int4: the int4 linear operator is unavailable (see the log)")
+        replaced, left = quantize_decoder(loaded.model, pack_dense=model.weight_packing != "none")
+        row_limit = measure_row_limit(loaded.model)
+        logger.info(
+            "int4 weights for %d target linears (%d kept: %s); the int4 kernel serves up to %d rows on this CPU",
+            len(replaced), len(left), ", ".join(left) or "none", row_limit,
+        )
+        return model.weight_quantization
 
     def _quantize_draft(self, mode: str) -> bool:
         if not wants_int8(mode, self.device, self.dtype) or (mode == "auto" and self.compiled):
