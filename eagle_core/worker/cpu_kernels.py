@@ -103,14 +103,17 @@ def int4_linear_available() -> bool:
 
 def _fake_int4_linear(
     x: torch.Tensor,  # [N, in] bfloat16
-    packed: torch.Tensor,
-    scale_zeros: torch.Tensor,  # [in / group, out, 2]
+    weight4: torch.Tensor,  # tiles: [out / 16, in / 32, 16, 16] uint8
+    scales: torch.Tensor,  # not tiles: [in / group, out, 2]
+    zeros: torch.Tensor,
+    tiles: bool,
     dense: torch.Tensor,
     dense_packed: bool,
     group: int,
     row_limit: int,
 ) -> torch.Tensor:  # [N, out]
-    return x.new_empty(x.shape[0], scale_zeros.shape[1])
+    out_features = weight4.shape[0] * 16 if tiles else scales.shape[1]
+    return x.new_empty(x.shape[0], out_features)
 
 
 def _fake_paged_attention(

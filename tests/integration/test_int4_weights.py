@@ -13,6 +13,7 @@ from eagle_core.worker.int4_linear import Int4Linear
 from tests.engine_helpers import make_engine, random_prompts, run_staggered
 from tests.models import TINY_VOCAB_SIZE
 from tests.spec_helpers import random_head_dir
+from tests.unit.test_int4_linear import needs_amx
 
 pytestmark = pytest.mark.skipif(not int4_linear_available(), reason="the int4 linear operator could not be built here")
 
@@ -38,15 +39,20 @@ def test_the_decoders_linears_hold_int4_weights_and_speculation_runs_on_them(tin
     assert engine.spec_counters.num_drafts > 0
 
 
-def test_with_every_step_on_the_int4_kernel_a_requests_tokens_do_not_depend_on_its_batch(tiny_model_dirs):
-    """The int4 kernel computes each row alone: alone or beside other requests, greedy and
-    seeded, the tokens are the same (row limit raised past any step, so no step switches to
-    the dense weights)."""
+@pytest.mark.parametrize("tiles", [False, pytest.param(True, marks=needs_amx)])
+def test_with_every_step_on_the_int4_kernel_a_requests_tokens_do_not_depend_on_its_batch(
+    tiny_model_dirs, monkeypatch, tiles
+):
+    """Both int4 kernels compute each row alone: alone or beside other requests, greedy and
+    seeded, the tokens are the same. Short prompts and a row limit of 32 put every step,
+    prefills included, on the int4 weights (aten's kernel, or the AMX tile kernel)."""
+    monkeypatch.setattr("eagle_core.worker.int4_linear.cpu_has_amx_bf16", lambda: tiles)
     model_dir = tiny_model_dirs["llama"]
-    prompts = random_prompts(11, [3, 9, 17, 40, 5], TINY_VOCAB_SIZE)
+    prompts = random_prompts(11, [3, 5, 6, 4, 6], TINY_VOCAB_SIZE)
     engine = make_engine(model_dir, dtype="bfloat16", weight_quantization="int4", max_num_seqs=5)
     for m in _int4_linears(engine):
-        m.row_limit = 1 << 30
+        assert m.tiles is tiles
+        m.row_limit = 32
     for params in (
         SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
         SamplingParams(temperature=1.0, top_p=0.9, seed=5, max_tokens=20, ignore_eos=True),

@@ -15,7 +15,9 @@ from eagle_core.worker.int4_linear import (
     measure_row_limit,
     quantize_decoder,
     quantize_groups,
+    tile_layout,
 )
+from eagle_core.worker.loader import cpu_has_amx_bf16
 
 needs_kernel = pytest.mark.skipif(not int4_linear_available(), reason="the int4 linear operator could not be built here")
 
@@ -55,47 +57,68 @@ def test_quantized_weights_are_within_half_a_step_of_the_originals():
     assert q.min() == 0 and q.max() == 15
 
 
+needs_amx = pytest.mark.skipif(not cpu_has_amx_bf16(), reason="the tile kernel needs a CPU with AMX")
+LAYOUTS = [False, pytest.param(True, marks=needs_amx)]
+"""Int4Linear.tiles: aten's kernel, the project's AMX tile kernel."""
+
+
 @needs_kernel
+@pytest.mark.parametrize("tiles", LAYOUTS)
 @pytest.mark.parametrize("pack_dense", [True, False])
-def test_the_row_limit_picks_the_int4_weight_up_to_it_and_the_dense_one_beyond(pack_dense):
+def test_the_row_limit_picks_the_int4_weight_up_to_it_and_the_dense_one_beyond(pack_dense, tiles):
     """The operator's contract, seen through a dense weight that disagrees with the int4 one
     (zeros): rows <= row_limit read the int4 weight, more rows the dense one."""
     if pack_dense and not torch.backends.mkldnn.is_available():
         pytest.skip("oneDNN is not in this torch build")
-    linear = Int4Linear(_linear(64, 32), pack_dense=pack_dense)
+    linear = Int4Linear(_linear(64, 32), pack_dense=pack_dense, tiles=tiles)
     zeros = torch.zeros(32, 64, dtype=torch.bfloat16)
-    dense = torch.ops.mkldnn._reorder_linear_weight(zeros, 1) if pack_dense else zeros
-    x = torch.randn(6, 64).to(torch.bfloat16)
-    for rows, limit, int4 in ((1, 1, True), (4, 4, True), (5, 4, False), (2, 0, False)):
-        out = torch.ops.eagle_serve.int4_linear(
-            x[:rows], linear.packed, linear.scale_zeros, dense, pack_dense, GROUP_SIZE, limit
-        )
+    linear.dense = torch.ops.mkldnn._reorder_linear_weight(zeros, 1) if pack_dense else zeros
+    x = torch.randn(33, 64).to(torch.bfloat16)
+    for rows, limit, int4 in ((1, 1, True), (4, 4, True), (5, 4, False), (2, 0, False), (32, 32, True), (33, 32, False)):
+        out = linear.run(x[:rows].contiguous(), limit)
         assert out.shape == (rows, 32)
         assert (out.abs().sum() > 0) == int4, (rows, limit)
 
 
 @needs_kernel
+@pytest.mark.parametrize("tiles", LAYOUTS)
 @pytest.mark.parametrize("pack_dense", [True, False])
-def test_both_paths_compute_with_the_same_weights(pack_dense):
+def test_both_paths_compute_with_the_same_weights(pack_dense, tiles):
     """The int4 kernel and the dense weight compute x @ W.T for one W: the quantized weight."""
     if pack_dense and not torch.backends.mkldnn.is_available():
         pytest.skip("oneDNN is not in this torch build")
     original = _linear(576, 192)
-    linear = Int4Linear(original, pack_dense=pack_dense, row_limit=4)
+    linear = Int4Linear(original, pack_dense=pack_dense, row_limit=32, tiles=tiles)
     q, scale, low = quantize_groups(original.weight)
     scale16 = scale.to(torch.bfloat16).float()
     zero16 = (low + 8 * scale16).to(torch.bfloat16).float()
     expected_weight = ((q.float().reshape(192, -1, GROUP_SIZE) - 8) * scale16[..., None] + zero16[..., None])
     assert torch.equal(linear.dense_weight(), expected_weight.reshape(192, 576).to(torch.bfloat16))
 
-    x = torch.randn(2, 8, 576).to(torch.bfloat16)  # 16 rows: the dense path
-    reference = x.float() @ expected_weight.reshape(192, 576).T  # [2, 8, 192]
+    x = torch.randn(40, 576).to(torch.bfloat16)
+    reference = x.float() @ expected_weight.reshape(192, 576).T  # [40, 192]
     with torch.inference_mode():
-        dense_out = linear(x)
-        int4_out = torch.cat([linear(x[:, i : i + 2]) for i in range(0, 8, 2)], dim=1)  # 4 rows a call
-    assert dense_out.shape == int4_out.shape == (2, 8, 192)
-    for out in (dense_out, int4_out):
-        torch.testing.assert_close(out.float(), reference, rtol=2e-2, atol=2e-2)
+        dense_out = linear.run(x, 0)
+        for rows in (1, 3, 16, 17, 32):
+            int4_out = linear.run(x[:rows].contiguous(), 32)
+            torch.testing.assert_close(int4_out.float(), reference[:rows], rtol=2e-2, atol=2e-2)
+            if tiles:  # the same bf16 weight, each row's sum over the same products
+                torch.testing.assert_close(int4_out.float(), dense_out[:rows].float(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(dense_out.float(), reference, rtol=2e-2, atol=2e-2)
+
+
+def test_the_tile_layout_places_each_weight_where_the_kernel_reads_it():
+    """Tile (n, k), row r, value j is q[16n + j // 2, 32k + 2r + j % 2]; byte b holds values b
+    and b + 16 (csrc/int4_linear.cpp, dequant_tile)."""
+    q = torch.randint(0, 16, (32, 64), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    scale = torch.arange(32 * 2, dtype=torch.float32).reshape(32, 2).to(torch.bfloat16)
+    nibbles, scales, zeros = tile_layout(q, scale, -scale)
+    assert nibbles.shape == (2, 2, 16, 16) and scales.shape == zeros.shape == (2, 2, 16)
+    for n, k, r, j in ((0, 0, 0, 0), (1, 1, 15, 31), (0, 1, 7, 17), (1, 0, 3, 2)):
+        byte = int(nibbles[n, k, r, j % 16])
+        value = byte >> 4 if j >= 16 else byte & 0xF
+        assert value == q[16 * n + j // 2, 32 * k + 2 * r + j % 2]
+    assert scales[1, 0, 5] == scale[21, 0] and zeros[0, 1, 3] == -scale[3, 1]
 
 
 @needs_kernel
