@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from bench.environment import machine_info, machine_name
-from eagle_core.worker.int4_linear import Int4Linear
+from eagle_core.worker.int4_linear import Int4Linear, time_pass
 from eagle_core.worker.loader import cpu_has_amx_bf16
 
 SHAPES = [(576, 576), (576, 192), (576, 192), (576, 576), (576, 1536), (576, 1536), (1536, 576)]
@@ -38,13 +37,6 @@ def build(tiles: bool) -> list[Int4Linear]:
         for _ in range(LAYERS)
         for i, o in SHAPES
     ]
-
-
-def one_pass(linears: list[Int4Linear], inputs: dict[int, torch.Tensor], limit: int) -> float:
-    start = time.perf_counter()
-    for m in linears:
-        m.run(inputs[m.in_features], limit)
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -64,11 +56,11 @@ def main() -> None:
         for rows in args.rows:
             inputs = {n: torch.randn(rows, n, dtype=torch.bfloat16) for n in (576, 1536)}
             for linears, int4 in paths.values():  # first touches
-                one_pass(linears, inputs, rows if int4 else 0)
+                time_pass(linears, inputs, rows if int4 else 0)
             best = {name: float("inf") for name in paths}
             for _ in range(args.rounds):
                 for name, (linears, int4) in paths.items():
-                    best[name] = min(best[name], one_pass(linears, inputs, rows if int4 else 0))
+                    best[name] = min(best[name], time_pass(linears, inputs, rows if int4 else 0))
             row = {"rows": rows, **{f"{name}_ms": round(best[name] * 1e3, 3) for name in paths}}
             if "tiles" in paths:
                 m = paths["tiles"][0][0]

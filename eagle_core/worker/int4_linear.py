@@ -57,7 +57,8 @@ TILE_ROWS = 32
 def quantizable(linear: nn.Linear) -> bool:
     out_features, in_features = linear.weight.shape
     return (
-        linear.weight.device.type == "cpu"
+        linear.bias is None
+        and linear.weight.device.type == "cpu"
         and linear.weight.dtype == torch.bfloat16
         and in_features % GROUP_SIZE == 0
         and out_features % 16 == 0  # the kernel's packing works on blocks of 16 output rows
@@ -107,7 +108,7 @@ class Int4Linear(nn.Module):
         super().__init__()
         if not int4_linear_available():
             raise RuntimeError("the int4 linear operator is unavailable (see the log)")
-        if not quantizable(linear) or linear.bias is not None:
+        if not quantizable(linear):
             raise ValueError(
                 f"Int4Linear needs a bias-free CPU bfloat16 linear with in_features divisible by "
                 f"{GROUP_SIZE} and out_features by 16; got {linear.weight.device.type} "
@@ -159,12 +160,21 @@ def quantize_decoder(model: nn.Module, pack_dense: bool = True) -> tuple[list[st
     returns the dotted names (replaced, left as they were: shapes the kernel cannot take)."""
     replaced, left = [], []
     for parent, child_name, full, linear in linear_children(model.get_decoder(), skip=Int4Linear):
-        if quantizable(linear) and linear.bias is None:
+        if quantizable(linear):
             setattr(parent, child_name, Int4Linear(linear, pack_dense))
             replaced.append(full)
         else:
             left.append(full)
     return replaced, left
+
+
+def time_pass(linears: list[Int4Linear], inputs: dict[int, torch.Tensor], row_limit: int) -> float:
+    """Seconds for one call of each of `linears` in turn on `inputs[in_features]` ([N, in]
+    bfloat16), the int4 weight serving up to `row_limit` rows."""
+    start = time.perf_counter()
+    for m in linears:
+        m.run(inputs[m.in_features], row_limit)
+    return time.perf_counter() - start
 
 
 def measure_row_limit(model: nn.Module, repeats: int = 7) -> int:
@@ -176,22 +186,15 @@ def measure_row_limit(model: nn.Module, repeats: int = 7) -> int:
     linears = [m for m in model.modules() if isinstance(m, Int4Linear)]
     if not linears:
         return 0
-
-    def one_pass(inputs: dict[int, torch.Tensor], limit: int) -> float:
-        start = time.perf_counter()
-        for m in linears:
-            m.run(inputs[m.in_features], limit)
-        return time.perf_counter() - start
-
     limit, timings = 0, []
     with torch.inference_mode():
         for rows in _PROBE_ROWS:
             inputs = {n: torch.randn(rows, n, dtype=torch.bfloat16) for n in {m.in_features for m in linears}}
-            one_pass(inputs, rows), one_pass(inputs, 0)  # first touches
+            time_pass(linears, inputs, rows), time_pass(linears, inputs, 0)  # first touches
             int4 = dense = float("inf")
             for _ in range(repeats):
-                int4 = min(int4, one_pass(inputs, rows))
-                dense = min(dense, one_pass(inputs, 0))
+                int4 = min(int4, time_pass(linears, inputs, rows))
+                dense = min(dense, time_pass(linears, inputs, 0))
             timings.append(f"{rows} rows {int4 * 1e3:.2f} / {dense * 1e3:.2f} ms")
             if int4 >= dense:
                 break

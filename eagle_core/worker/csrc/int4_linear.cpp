@@ -12,8 +12,7 @@
 //   returns       [N, out] bfloat16
 //
 // N <= row_limit reads the 4-bit weight, larger N runs the dense weight through oneDNN. aten's
-// kernel (`tiles` false) dequantizes the weight again for every few rows, so its time grows
-// with N; the tile kernel below dequantizes each 32 x 16 block of the weight once into bfloat16,
+// kernel (`tiles` false) takes longer as N grows; the tile kernel below dequantizes each 32 x 16 block of the weight once into bfloat16,
 // exactly the dense weight's values, and multiplies it with up to 32 rows on AMX, so its time
 // hardly grows up to 32 rows.
 // Written as a C++ operator so that a compiled graph calls it without returning to Python.
