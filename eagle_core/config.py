@@ -15,7 +15,7 @@ AUTO_DRAFT = "auto"
 """Draft setting meaning: the head shipped with eagle-serve for the default model, none otherwise."""
 
 WEIGHT_PACKINGS = ("auto", "none")
-WEIGHT_QUANTIZATIONS = ("none", "int4")
+WEIGHT_QUANTIZATIONS = ("auto", "none", "int4")
 COMPILE_MODES = ("auto", "on", "max-autotune", "off")
 ATTENTION_BACKENDS = ("auto", "paged", "gather")
 
@@ -39,12 +39,14 @@ class ModelConfig:
     32 rows, with the same numbers (worker/packed_linear.py). "none": torch's linears on the
     weights as loaded; compiled graphs then come back from the compile cache at the next start
     (docs/benchmarks.md, "Start-up", has what each costs)."""
-    weight_quantization: str = "none"
+    weight_quantization: str = "auto"
     """"int4": the target decoder's linears hold their weights as 4-bit groups of 32 (the GGUF
-    Q4_1 layout: the default model's own weights, exactly) beside the dense bfloat16 weights they
-    dequantize to; steps of few rows read the 4-bit ones, the row count where that stops paying
-    measured on this CPU at start-up (worker/int4_linear.py). bfloat16 models on the CPU only,
-    not with deterministic mode. "none": the weights as loaded."""
+    Q4_1 layout) beside the dense bfloat16 weights they dequantize to; steps of few rows read the
+    4-bit ones, the row count where that stops paying measured on this CPU at start-up
+    (worker/int4_linear.py). bfloat16 models on the CPU only, not with deterministic mode.
+    "none": the weights as loaded. "auto": int4 where the 4-bit weights are exactly the source's
+    own (a Q4_1 GGUF, as the default model ships) and int4 can run (bfloat16 on the CPU, not
+    deterministic); none otherwise, so it never changes a model's numbers."""
 
     compile: str = "auto"
     """"on": the target's and the draft head's forwards run compiled by torch.compile (inductor;
@@ -91,9 +93,9 @@ class ModelConfig:
                 f"weight_quantization must be one of {', '.join(WEIGHT_QUANTIZATIONS)}, "
                 f"got {self.weight_quantization!r}"
             )
-        if self.deterministic and self.weight_quantization != "none":
+        if self.deterministic and self.weight_quantization == "int4":
             raise ValueError(
-                "deterministic mode needs batch-invariant linears: weight_quantization must be none, "
+                "deterministic mode needs batch-invariant linears: weight_quantization must be none or auto, "
                 f"got {self.weight_quantization!r}"
             )
         if self.weight_packing not in WEIGHT_PACKINGS:

@@ -121,9 +121,10 @@ FLAGS: tuple[Flag, ...] = (
         "--weight-quantization",
         "model",
         "weight_quantization",
-        "int4: the target's decoder linears read 4-bit weights (groups of 32, the GGUF Q4_1 layout, "
-        "which the default model ships in) for steps of few rows, dense bf16 ones beyond; bf16 "
-        "on the CPU, not with --deterministic; none: the weights as loaded",
+        "int4: the target's decoder linears read 4-bit weights (groups of 32, the GGUF Q4_1 layout) "
+        "for steps of few rows, dense bf16 ones beyond; bf16 on the CPU, not with --deterministic; "
+        "none: the weights as loaded; auto: int4 when the model is a Q4_1 GGUF (the default model "
+        "is), so the 4-bit weights are its own, and int4 can run here; none otherwise",
         choices=WEIGHT_QUANTIZATIONS,
     ),
     Flag(

@@ -47,6 +47,9 @@ logger = logging.getLogger(__name__)
 GROUP_SIZE = 32
 """Input weights per (scale, zero) pair: GGUF Q4_0/Q4_1 blocks."""
 
+INT4_SOURCE_TYPE = "Q4_1"
+"""The GGUF type whose dequantized weights `quantize_groups` gives back exactly."""
+
 _PROBE_ROWS = (1, 2, 4, 8, 16, 32)
 """Row counts `measure_row_limit` tries, in increasing order."""
 

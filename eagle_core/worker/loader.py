@@ -55,7 +55,11 @@ _DTYPES = {
 }
 
 # Bump when the converted layout changes, so stale caches are not read.
-_CONVERTER_VERSION = 1
+_CONVERTER_VERSION = 2
+SOURCE_TYPES_FILE = "gguf_tensor_types.json"
+"""Written into a GGUF's conversion: {GGUF tensor name: its GGUF type name ("Q4_1", "F32", ...)}."""
+# The GGUF names of a decoder layer's linear weights (llama.cpp's naming for llama-like models).
+_DECODER_LINEAR = re.compile(r"blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight")
 # A hub probe that cannot connect should fail in seconds; transformers' own retries take ~25 s.
 _HUB_PROBE_TIMEOUT_S = 5.0
 # llama.cpp quantization suffixes ("model.Q4_1", "model-f16") are not part of a display name.
@@ -73,6 +77,9 @@ class LoadedModel:
     """Display name (what /v1/models shows): directory basename, hub id or GGUF file stem."""
     source: str
     """Where the weights were read: a local HF directory (the conversion cache for GGUF) or a hub id."""
+    source_linear_type: str | None = None
+    """The GGUF type ("Q4_1", ...) that every decoder linear's weight had in the source file;
+    None for weights read from safetensors, or when the types differ."""
 
 
 # ----------------------------------------------------------------------------- device and dtype
@@ -183,7 +190,7 @@ def load_model(config: ModelConfig, attn_implementation: str = "sdpa") -> Loaded
     tokenizer = _load_tokenizer(config.tokenizer, location, local_only)
     _warn_on_vocab_mismatch(model, tokenizer)
     logger.info("loaded %s from %s (%s on %s)", name, location, dtype, device)
-    return LoadedModel(model, tokenizer, dtype, device, name, location)
+    return LoadedModel(model, tokenizer, dtype, device, name, location, source_linear_type(location))
 
 
 def _resolve_model(spec: str) -> tuple[str, bool, str]:
@@ -416,6 +423,24 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     )
     tokenizer.save_pretrained(out_dir)
     _check_tokenizer_survives(tokenizer, out_dir)
+    (out_dir / SOURCE_TYPES_FILE).write_text(json.dumps(gguf_tensor_types(gguf_path), indent=1))
+
+
+def gguf_tensor_types(gguf_path: Path) -> dict[str, str]:
+    """{tensor name: GGUF type name} of every tensor in `gguf_path` (reads the tensor table)."""
+    from gguf import GGUFReader
+
+    return {tensor.name: tensor.tensor_type.name for tensor in GGUFReader(str(gguf_path)).tensors}
+
+
+def source_linear_type(location: str) -> str | None:
+    """The one GGUF type of every decoder linear weight of the file `location` was converted
+    from (SOURCE_TYPES_FILE); None when `location` is no conversion or the types differ."""
+    path = Path(location) / SOURCE_TYPES_FILE
+    if not path.is_file():
+        return None
+    types = {kind for name, kind in json.loads(path.read_text()).items() if _DECODER_LINEAR.fullmatch(name)}
+    return types.pop() if len(types) == 1 else None
 
 
 def _check_gguf_tensors(skeleton: PreTrainedModel, state: dict, gguf_path: Path) -> None:

@@ -28,7 +28,7 @@ from eagle_core.spec.lookup import ContextLookup
 from eagle_core.worker import attention
 from eagle_core.worker.compiled import CompileSettings
 from eagle_core.worker.cpu_kernels import int4_linear_available
-from eagle_core.worker.int4_linear import measure_row_limit, quantize_decoder
+from eagle_core.worker.int4_linear import INT4_SOURCE_TYPE, measure_row_limit, quantize_decoder
 from eagle_core.worker.invariant_linear import wrap_linears
 from eagle_core.worker.kv_storage import KVStorage
 from eagle_core.worker.loader import cpu_has_amx_bf16, dtype_name, load_model
@@ -128,11 +128,14 @@ class Worker:
         return self.runner.execute(batch)
 
     def _quantize_target(self, loaded, model: ModelConfig) -> str | None:
-        if model.weight_quantization == "none":
+        mode = model.weight_quantization
+        if mode == "auto":
+            mode = self._auto_quantization(loaded, model)
+        if mode == "none":
             return None
         if self.device.type != "cpu" or self.dtype != torch.bfloat16:
             raise ModelLoadError(
-                f"--weight-quantization {model.weight_quantization} needs a bfloat16 model on the CPU; "
+                f"--weight-quantization {mode} needs a bfloat16 model on the CPU; "
                 f"got {dtype_name(self.dtype)} on {self.device}"
             )
         if not int4_linear_available():
@@ -143,7 +146,23 @@ class Worker:
             "int4 weights for %d target linears (%d kept: %s); the int4 kernel serves up to %d rows on this CPU",
             len(replaced), len(left), ", ".join(left) or "none", row_limit,
         )
-        return model.weight_quantization
+        return mode
+
+    def _auto_quantization(self, loaded, model: ModelConfig) -> str:
+        """"int4" when the source's linears are Q4_1 (so int4 holds exactly its weights) and
+        int4 can run here; else "none", logging why when the source would have allowed it."""
+        if loaded.source_linear_type != INT4_SOURCE_TYPE:
+            return "none"
+        if self.device.type != "cpu" or self.dtype != torch.bfloat16:
+            why = f"{dtype_name(self.dtype)} on {self.device} (int4 runs bfloat16 on the CPU)"
+        elif self.deterministic:
+            why = "deterministic mode"
+        elif not int4_linear_available():
+            why = "the int4 linear operator is unavailable (see the log)"
+        else:
+            return "int4"
+        logger.info("the model's linears are %s, but its weights stay dense: %s", INT4_SOURCE_TYPE, why)
+        return "none"
 
     def _quantize_draft(self, mode: str) -> bool:
         if not wants_int8(mode, self.device, self.dtype) or (mode == "auto" and self.compiled):

@@ -4,12 +4,16 @@ batch when every step reads the int4 weights."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 
 from eagle_core import SamplingParams, SpecConfig
 from eagle_core.errors import ModelLoadError
 from eagle_core.worker.cpu_kernels import int4_linear_available
 from eagle_core.worker.int4_linear import Int4Linear
+from eagle_core.worker.loader import SOURCE_TYPES_FILE
 from tests.engine_helpers import make_engine, random_prompts, run_staggered
 from tests.models import TINY_VOCAB_SIZE
 from tests.spec_helpers import random_head_dir
@@ -67,3 +71,31 @@ def test_with_every_step_on_the_int4_kernel_a_requests_tokens_do_not_depend_on_i
 def test_int4_is_refused_where_it_cannot_run(tiny_model_dirs):
     with pytest.raises(ModelLoadError, match="needs a bfloat16 model on the CPU"):
         make_engine(tiny_model_dirs["llama"], dtype="float32", weight_quantization="int4")
+
+
+def _as_converted_from(model_dir, tmp_path, linear_type: str, other: dict[str, str] | None = None):
+    """A copy of `model_dir` marked as converted from a GGUF whose decoder linears were
+    `linear_type`, except those named in `other`."""
+    copy = tmp_path / f"converted-{linear_type}-{len(other or {})}"
+    shutil.copytree(model_dir, copy)
+    types = {f"blk.{i}.{name}.weight": linear_type for i in range(2) for name in ("attn_q", "ffn_down")}
+    types |= other or {}
+    (copy / SOURCE_TYPES_FILE).write_text(json.dumps(types | {"token_embd.weight": "Q8_0"}))
+    return copy
+
+
+def test_auto_takes_int4_only_where_the_4bit_weights_are_the_sources_own(tiny_model_dirs, tmp_path):
+    q4_1 = _as_converted_from(tiny_model_dirs["llama"], tmp_path, "Q4_1")
+    assert make_engine(q4_1, dtype="bfloat16", weight_quantization="auto").worker.weight_quantization == "int4"
+    # int4 cannot run here: auto falls back to the weights as loaded instead of refusing
+    assert make_engine(q4_1, dtype="float32", weight_quantization="auto").worker.weight_quantization is None
+    deterministic = make_engine(q4_1, dtype="bfloat16", weight_quantization="auto", deterministic=True)
+    assert deterministic.worker.weight_quantization is None
+    # other sources: their numbers are not int4's
+    q8_0 = _as_converted_from(tiny_model_dirs["llama"], tmp_path, "Q8_0")
+    assert make_engine(q8_0, dtype="bfloat16", weight_quantization="auto").worker.weight_quantization is None
+    plain = tiny_model_dirs["llama"]
+    assert make_engine(plain, dtype="bfloat16", weight_quantization="auto").worker.weight_quantization is None
+    # decoder linears of mixed types: no one type to hold
+    mixed = _as_converted_from(tiny_model_dirs["llama"], tmp_path, "Q4_1", {"blk.1.ffn_down.weight": "Q6_K"})
+    assert make_engine(mixed, dtype="bfloat16", weight_quantization="auto").worker.weight_quantization is None

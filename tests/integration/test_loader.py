@@ -189,6 +189,7 @@ def test_default_model_loads_fast_from_cache(smollm2_dir):
 
     assert elapsed < 3
     assert loaded.name == "SmolLM2-135M-Instruct" and loaded.source == str(smollm2_dir)
+    assert loaded.source_linear_type == "Q4_1"  # the conversion records the file's types (auto int4)
     assert loaded.dtype == loader.resolve_dtype("auto", torch.device("cpu"))
     prompt = loaded.tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is 2+2?"}], tokenize=False, add_generation_prompt=True

@@ -165,4 +165,5 @@ def test_the_config_refuses_unknown_modes_and_deterministic_int4():
         ModelConfig(weight_quantization="int3")
     with pytest.raises(ValueError, match="deterministic mode"):
         ModelConfig(weight_quantization="int4", deterministic=True)
-    assert ModelConfig().weight_quantization == "none"
+    assert ModelConfig(weight_quantization="auto", deterministic=True).deterministic  # auto then means none
+    assert ModelConfig().weight_quantization == "auto"
