@@ -118,6 +118,16 @@ class TokenLogprob:
     """The k most likely (token_id, logprob) at this position, k = params.logprobs."""
 
 
+TARGET_SOURCE = "target"
+"""A token the target sampled itself: a step's bonus token, or the one token of a plain step."""
+HEAD_SOURCE = "head"
+"""A draft token from the draft head's tree, accepted by the target."""
+LOOKUP_SOURCE = "lookup"
+"""A draft token from context lookup (spec/lookup.py), accepted by the target."""
+DRAFT_SOURCE = "draft"
+"""An accepted draft token of a tree a grammar rebuilt, whose source is not tracked."""
+
+
 @dataclass
 class SeqResult:
     request_id: str
@@ -134,6 +144,14 @@ class SeqResult:
     """The accepted drafts' ranks in their step's score order (DraftTree.ranks): a head tree of
     n nodes would have accepted those up to the first of rank n or more. None without a head
     tree, or where the tree's ranks are unknown."""
+    draft_sources: list[str] = field(default_factory=list)
+    """Where each accepted draft came from (HEAD_SOURCE, LOOKUP_SOURCE or DRAFT_SOURCE), one per
+    accepted node; every other token of new_token_ids is the target's own (TARGET_SOURCE)."""
+
+    @property
+    def token_sources(self) -> list[str]:
+        """One source per token of new_token_ids: the accepted drafts', then the target's."""
+        return (self.draft_sources + [TARGET_SOURCE] * len(self.new_token_ids))[: len(self.new_token_ids)]
 
 
 @dataclass

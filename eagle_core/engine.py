@@ -23,7 +23,7 @@ from eagle_core.config import EngineConfig
 from eagle_core.detokenizer import IncrementalDetokenizer
 from eagle_core.errors import InvalidRequestError
 from eagle_core.kv import BlockManager
-from eagle_core.outputs import RequestOutput, SpecStats
+from eagle_core.outputs import RequestOutput, SpecStats, TokenSource
 from eagle_core.request import Request
 from eagle_core.sampling_params import SamplingParams
 from eagle_core.scheduler import Scheduler
@@ -192,9 +192,9 @@ class Engine:
                 tracked.spec.num_emitted_tokens += len(seq_result.new_token_ids)
             if tracked.first_token_time is None:
                 tracked.first_token_time = time.monotonic()
-            appended = self._detokenize(tracked, appended)
+            appended, text_ends = self._detokenize(tracked, appended)
             logprobs = seq_result.logprobs[: len(appended)] if seq_result.logprobs else None
-            outputs.append(self._output(tracked, appended, logprobs, seq_result))
+            outputs.append(self._output(tracked, appended, logprobs, seq_result, text_ends))
             if request.is_finished:
                 del self._tracked[request.request_id]
         return outputs
@@ -238,28 +238,35 @@ class Engine:
 
     # ---- helpers ----------------------------------------------------------------------------
 
-    def _detokenize(self, tracked: _Tracked, appended: list[int]) -> list[int]:
-        """Add a step's tokens to the request's text; returns the tokens it keeps.
+    def _detokenize(self, tracked: _Tracked, appended: list[int]) -> tuple[list[int], list[int] | None]:
+        """Add a step's tokens to the request's text; returns the tokens it keeps and, with
+        SamplingParams.token_sources, the text's length after each of them (else None).
 
-        With stop strings the tokens go in one at a time: a speculative step can accept tokens
-        past the one that completes a stop string, and those are dropped (from the output ids,
-        so usage and logprobs match the text), leaving exactly what plain decoding would have
-        produced. A stop string wins over "length" when both end the request at one token."""
+        With stop strings or token sources the tokens go in one at a time: a speculative step
+        can accept tokens past the one that completes a stop string, and those are dropped
+        (from the output ids, so usage and logprobs match the text), leaving exactly what plain
+        decoding would have produced. A stop string wins over "length" when both end the
+        request at one token."""
         request = tracked.request
         params = request.params
-        if not params.stop:
+        if not params.stop and not params.token_sources:
             tracked.detok.add(appended)
-            return appended
+            return appended, None
         num_before = request.num_output_tokens - len(appended)
+        text_ends: list[int] = []
         for kept, token_id in enumerate(appended, start=1):
-            if tracked.detok.add([token_id], find_stop=num_before + kept >= params.min_tokens):
+            stopped = tracked.detok.add([token_id], find_stop=num_before + kept >= params.min_tokens)
+            text_ends.append(len(tracked.detok.text))
+            if stopped:
+                cut = text_ends[-1]  # this step's earlier tokens end at the cut at most
+                text_ends = [min(end, cut) for end in text_ends]
                 del request.output_token_ids[num_before + kept :]
                 if request.is_finished:
                     request.finish_reason = "stop"
                 else:
                     self.scheduler.finish(request.request_id, "stop")
-                return appended[:kept]
-        return appended
+                return appended[:kept], text_ends if params.token_sources else None
+        return appended, text_ends if params.token_sources else None
 
     def _tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -282,13 +289,28 @@ class Engine:
                 ids.update(source)
         return frozenset(ids)
 
-    def _output(self, tracked: _Tracked, appended: list[int], logprobs, seq_result: SeqResult | None = None) -> RequestOutput:
+    def _output(
+        self,
+        tracked: _Tracked,
+        appended: list[int],
+        logprobs,
+        seq_result: SeqResult | None = None,
+        text_ends: list[int] | None = None,
+    ) -> RequestOutput:
         request = tracked.request
         finished = request.is_finished
+        new_text = tracked.detok.release(finished)  # at the end this adds text held for a partial character
+        sources = None
+        if request.params.token_sources:
+            ends = list(text_ends or [])
+            if finished and ends:
+                ends[-1] = len(tracked.detok.text)
+            kinds = seq_result.token_sources if seq_result is not None else []
+            sources = [TokenSource(kind, end) for kind, end in zip(kinds, ends)]
         return RequestOutput(
             request_id=request.request_id,
             new_token_ids=appended,
-            new_text=tracked.detok.release(finished),
+            new_text=new_text,
             finished=finished,
             finish_reason=request.finish_reason if finished else None,
             num_prompt_tokens=request.num_prompt_tokens,
@@ -298,6 +320,7 @@ class Engine:
             spec=dataclasses.replace(tracked.spec),
             num_draft_tokens_step=seq_result.num_draft_tokens if seq_result else 0,
             num_accepted_tokens_step=seq_result.num_accepted_tokens if seq_result else 0,
+            new_token_sources=sources,
             arrival_time=request.arrival_time,
             first_scheduled_time=request.first_scheduled_time,
             first_token_time=tracked.first_token_time,

@@ -56,6 +56,8 @@ class SamplingParams:
     cache_salt: the request's prefix-cache blocks are found only by requests with the same salt
     (None: by requests without one), so a tenant cannot learn from response times what another
     tenant's prompts share with its own. It changes no output.
+    token_sources: each RequestOutput carries where its new tokens came from and where each
+    one's text ends (RequestOutput.new_token_sources). It changes no token.
     """
 
     temperature: float = 1.0
@@ -76,6 +78,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     grammar: Grammar | None = None
     cache_salt: str | None = None
+    token_sources: bool = False
 
     def __post_init__(self) -> None:
         # Accept lists from callers but store tuples so the object stays hashable and frozen.

@@ -23,7 +23,15 @@ from __future__ import annotations
 
 import torch
 
-from eagle_core.batch import ScheduledBatch, SeqResult, SeqWork, StepResult
+from eagle_core.batch import (
+    DRAFT_SOURCE,
+    HEAD_SOURCE,
+    LOOKUP_SOURCE,
+    ScheduledBatch,
+    SeqResult,
+    SeqWork,
+    StepResult,
+)
 from eagle_core.spec.drafter import Drafter
 from eagle_core.spec.lookup import ContextLookup, chain_path, graft_chain
 from eagle_core.spec.tree import DraftTree
@@ -61,10 +69,11 @@ class SpecRunner:
             root_hidden = torch.stack([f.hidden for f in fed])  # [B, hidden]
             root_top = (torch.stack([f.top_logprobs for f in fed]), torch.stack([f.top_ids for f in fed]))  # [B, top_k]
             trees = dict(zip(head_rows, self.drafter.build_trees([works[i] for i in head_rows], root_hidden, root_top)))
+        lookup_from: dict[int, int] = {}  # row -> its tree's first lookup node (UNKNOWN_SOURCES: not known)
         if self.lookup.max_tokens:
-            self._graft_lookup(works, trees)
+            lookup_from = self._graft_lookup(works, trees)
         if self.grammar_drafting and self.sampler.grammars is not None:
-            self._constrain_trees(works, trees)
+            lookup_from |= self._constrain_trees(works, trees)
 
         plain = [i for i in range(len(works)) if i not in trees]
         groups, offsets = self._groups(works, plain, trees)
@@ -82,7 +91,7 @@ class SpecRunner:
             + [trees[i].depths[0].to(out.logits.device) for i in tree_order]
         )  # [R] each row's depth below its root
         drawn = self.sampler.draw(out.logits, row_works, histories, depths)  # [R]
-        results = self._results(works, sampled, trees, tree_order, drawn, out.logits)
+        results = self._results(works, sampled, trees, tree_order, drawn, out.logits, lookup_from)
         self._commit(works, trees, results, out.features, offsets)
         return StepResult(results)
 
@@ -135,9 +144,11 @@ class SpecRunner:
             tail_mask=torch.cat([t.ancestor_mask for t in trees]),  # [B, N, N]
         )
 
-    def _graft_lookup(self, works: list[SeqWork], trees: dict[int, DraftTree]) -> None:
+    def _graft_lookup(self, works: list[SeqWork], trees: dict[int, DraftTree]) -> dict[int, int]:
         """Graft each decode step's lookup chain onto its head tree in `trees`, or make it the
-        step's whole tree where the head drafts none (above --spec-max-batch)."""
+        step's whole tree where the head drafts none (above --spec-max-batch). Returns row ->
+        the first node the chain added (nodes before it are the head's)."""
+        lookup_from: dict[int, int] = {}
         grafts: dict[int, tuple[list[int], int]] = {}  # row -> (chain, free slots)
         for i, work in enumerate(works):
             room = work.num_draft_slots - (trees[i].num_nodes - 1 if i in trees else 0)
@@ -151,6 +162,7 @@ class SpecRunner:
             tree_tokens, tree_parents, tree_ranks = host[i]
             token_ids, parents = graft_chain(tree_tokens, tree_parents, chain, room)
             if len(token_ids) > len(tree_tokens):
+                lookup_from[i] = len(tree_tokens)
                 # the chain's nodes (drafted by the head or not) would be there with any head tree
                 ranks = tree_ranks + [0] * (len(token_ids) - len(tree_tokens))
                 for node in chain_path(token_ids, parents, chain):
@@ -160,14 +172,17 @@ class SpecRunner:
                     torch.tensor([parents], device=self.drafter.device),  # [1, N]
                     torch.tensor([ranks], device=self.drafter.device) if ranks[0] >= 0 else None,  # [1, N]
                 )
+        return lookup_from
 
-    def _constrain_trees(self, works: list[SeqWork], trees: dict[int, DraftTree]) -> None:
+    def _constrain_trees(self, works: list[SeqWork], trees: dict[int, DraftTree]) -> dict[int, int]:
         """Structured-output decode steps: their trees without the nodes the grammar forbids,
         plus the tokens it forces (GrammarMasks.constrain_tree); a tree left with its root
-        alone is dropped (the step decodes plainly)."""
+        alone is dropped (the step decodes plainly). Returns row -> UNKNOWN_SOURCES for the
+        trees it rebuilt (whose nodes' sources it does not track)."""
         rows = [i for i, w in enumerate(works) if w.params.grammar is not None and w.sample and w.num_draft_slots > 0]
+        rebuilt: dict[int, int] = {}
         if not rows:
-            return
+            return rebuilt
         host = _host_trees(works, trees, rows)
         for i in rows:
             work = works[i]
@@ -182,6 +197,8 @@ class SpecRunner:
                     torch.tensor([new_tokens], device=self.drafter.device),  # [1, N]
                     torch.tensor([new_parents], device=self.drafter.device),  # [1, N]
                 )
+                rebuilt[i] = UNKNOWN_SOURCES
+        return rebuilt
 
     @staticmethod
     def _histories(
@@ -210,6 +227,7 @@ class SpecRunner:
         tree_order: list[int],
         drawn: torch.Tensor,  # [R] the token drawn at every logit row
         logits: torch.Tensor,  # [R, vocab]
+        lookup_from: dict[int, int],
     ) -> dict[str, SeqResult]:
         """Verify every tree at once and bring the step's tokens to the host in one transfer."""
         num_plain = len(sampled)
@@ -246,6 +264,7 @@ class SpecRunner:
                     num_accepted_tokens=len(nodes),
                     accepted_nodes=nodes,
                     accepted_ranks=[row_ranks[n] for n in nodes] if row_ranks[0] >= 0 else None,
+                    draft_sources=_draft_sources(nodes, lookup_from.get(i, width)),
                 )
                 logprob_rows[work.request_id] = [first_row + n for n in [0, *nodes][: len(new_tokens)]]
                 first_row += trees[i].num_nodes
@@ -292,6 +311,18 @@ class SpecRunner:
         if src:
             device = features.device
             self.target.kv.move(torch.tensor(src, device=device), torch.tensor(dst, device=device))
+
+
+UNKNOWN_SOURCES = -1
+"""lookup_from's value for a tree whose nodes' sources are not tracked (rebuilt by a grammar)."""
+
+
+def _draft_sources(nodes: list[int], lookup_from: int) -> list[str]:
+    """Each accepted node's source: the head's tree before `lookup_from`, the context lookup's
+    chain from it on (a chain only extends a path, so a path is head nodes, then lookup ones)."""
+    if lookup_from == UNKNOWN_SOURCES:
+        return [DRAFT_SOURCE] * len(nodes)
+    return [HEAD_SOURCE if n < lookup_from else LOOKUP_SOURCE for n in nodes]
 
 
 def _host_trees(
