@@ -12,10 +12,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
@@ -45,6 +47,9 @@ logger = logging.getLogger(__name__)
 # Paths that need the API key when one is set, and that a stopping server refuses. /health and
 # /metrics stay open for probes and scrapers (they reveal no user data).
 _PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/debug/")
+PLAYGROUND_DIR = Path(__file__).with_name("playground")
+"""The playground's static files: `GET /` is its page, its assets are under /playground/. Open
+without the API key (they hold no data); the page sends the key its user enters."""
 
 
 def create_app(engine_client: EngineClient, settings: ServerSettings) -> FastAPI:
@@ -65,6 +70,12 @@ def create_app(engine_client: EngineClient, settings: ServerSettings) -> FastAPI
         engine_client, lambda: settings.served_model_name or engine_client.model_name or "default"
     )
     app.include_router(router)
+    app.mount("/playground", StaticFiles(directory=PLAYGROUND_DIR), name="playground")
+
+    @app.get("/", include_in_schema=False)
+    async def playground() -> FileResponse:
+        return FileResponse(PLAYGROUND_DIR / "index.html")
+
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     unexpected = _add_error_handlers(app)
     # Each add_middleware wraps the ones before it. CORS, outermost, must answer preflights

@@ -1,4 +1,5 @@
-"""Turning engine RequestOutputs into OpenAI choices: text, logprobs, usage, spec_decode.
+"""Turning engine RequestOutputs into OpenAI choices: text, logprobs, usage, spec_decode,
+token_sources.
 
 Shared by the plain (routes.py) and streaming (streaming.py) paths so both report exactly the
 same numbers. A client request may fan out to several engine requests: choice i of prompt p is
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from eagle_core.batch import TokenLogprob
-from eagle_core.outputs import RequestOutput, SpecStats
+from eagle_core.outputs import RequestOutput, SpecStats, TokenSource
 from server.protocol import (
     ChatLogprobs,
     ChatTokenLogprob,
@@ -20,6 +21,7 @@ from server.protocol import (
     FunctionCall,
     PromptTokensDetails,
     SpecDecodeInfo,
+    TokenSourceOut,
     ToolCallOut,
     TopLogprob,
     Usage,
@@ -131,6 +133,7 @@ class ChoiceState:
     finish_reason: str | None = None
     spec: SpecStats = field(default_factory=SpecStats)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    token_sources: list[TokenSource] = field(default_factory=list)
 
     def update(self, out: RequestOutput) -> None:
         self.text += out.new_text
@@ -140,6 +143,8 @@ class ChoiceState:
         self.spec = out.spec
         if out.new_logprobs:
             self.logprobs.extend(out.new_logprobs)
+        if out.new_token_sources:
+            self.token_sources.extend(out.new_token_sources)
         if out.finished:
             self.finish_reason = out.finish_reason
 
@@ -155,6 +160,13 @@ def spec_info(spec: SpecStats) -> SpecDecodeInfo:
         num_accepted_tokens=spec.num_accepted_tokens,
         mean_acceptance_length=round(spec.mean_acceptance_length, 4),
     )
+
+
+def sources_out(items: list[TokenSource] | None) -> list[TokenSourceOut] | None:
+    """The `token_sources` of a choice or chunk; None (left out of the body) when not asked."""
+    if items is None:
+        return None
+    return [TokenSourceOut(source=item.source, text_end=item.text_end) for item in items]
 
 
 def usage_of(states: list[ChoiceState], n: int) -> Usage:

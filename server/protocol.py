@@ -175,6 +175,10 @@ class _SamplingRequest(_Request):
     same salt (SamplingParams.cache_salt)."""
     logit_bias: dict[str, float] | None = None
     """Token id (a decimal string, as OpenAI takes it) -> bias in [-100, 100]."""
+    token_sources: bool = False
+    """Each choice also carries `token_sources`: where each output token came from (a draft of
+    the head or of context lookup that the target accepted, or the target's own token) and
+    where its text ends (docs/api.md, "Token sources")."""
     response_format: dict[str, Any] | None = None
     """OpenAI's: {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema":
     {"name": ..., "schema": {...}, "strict": ...}} (the schema is always enforced)."""
@@ -218,6 +222,7 @@ class _SamplingRequest(_Request):
             "ignore_eos": self.ignore_eos,
             "cache_salt": self.cache_salt,
             "logprobs": self._logprobs(),
+            "token_sources": self.token_sources,
         }
         kwargs: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
         if self.top_k == -1:
@@ -378,6 +383,19 @@ class SpecDecodeInfo(BaseModel):
     mean_acceptance_length: float
 
 
+class TokenSourceOut(BaseModel):
+    """One output token's source and the end of its text (eagle_core.outputs.TokenSource)."""
+
+    source: Literal["target", "head", "lookup", "draft"]
+    text_end: int
+    """The choice's text length, in Unicode code points, once this token's text is in."""
+
+
+def _sources_field() -> Any:
+    """A choice's `token_sources`: only in the body when the request asked for them."""
+    return Field(None, exclude_if=lambda value: value is None)
+
+
 class PromptTokensDetails(BaseModel):
     cached_tokens: int
     """Prompt tokens whose KV came from the prefix cache."""
@@ -443,6 +461,7 @@ class ChatChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None
     spec_decode: SpecDecodeInfo | None = None
+    token_sources: list[TokenSourceOut] | None = _sources_field()
 
 
 class ChatCompletionResponse(BaseModel):
@@ -460,6 +479,7 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
     spec_decode: SpecDecodeInfo | None = None
+    token_sources: list[TokenSourceOut] | None = _sources_field()
 
 
 class CompletionResponse(BaseModel):
@@ -488,6 +508,7 @@ class ChatChunkChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     spec_decode: SpecDecodeInfo | None = None
+    token_sources: list[TokenSourceOut] | None = _sources_field()
 
 
 class ChatCompletionChunk(BaseModel):
@@ -505,6 +526,7 @@ class CompletionChunkChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     spec_decode: SpecDecodeInfo | None = None
+    token_sources: list[TokenSourceOut] | None = _sources_field()
 
 
 class CompletionChunk(BaseModel):

@@ -27,6 +27,7 @@ from server.choices import (
     TokenTexts,
     chat_logprobs,
     completion_logprobs,
+    sources_out,
     spec_info,
     tool_call_out,
     usage_of,
@@ -392,6 +393,7 @@ async def chat_completions(request: Request) -> Response:
             logprobs=chat_logprobs(s.logprobs, texts) if texts else None,
             finish_reason=finish_reason,
             spec_decode=spec_info(s.spec),
+            token_sources=sources_out(s.token_sources) if req.token_sources else None,
         ))
     body = ChatCompletionResponse(
         id=request_id, model=model, choices=choices, usage=usage_of(states, req.n)
@@ -429,6 +431,7 @@ async def completions(request: Request) -> Response:
             logprobs=completion_logprobs(s.logprobs, texts) if texts else None,
             finish_reason=s.finish_reason,
             spec_decode=spec_info(s.spec),
+            token_sources=sources_out(s.token_sources) if req.token_sources else None,
         )
         for i, s in enumerate(states)
     ]

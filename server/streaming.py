@@ -2,7 +2,7 @@
 
 Event order per stream:
   chat only: one chunk per choice carrying {"role": "assistant", "content": ""};
-  content chunks with text deltas (and logprobs when asked);
+  content chunks with text deltas (and logprobs and token_sources when asked);
   one final chunk per choice: empty delta, finish_reason and `spec_decode`;
   a usage chunk (choices: []) when stream_options.include_usage is set;
   `data: [DONE]`.
@@ -31,6 +31,7 @@ from server.choices import (
     TokenTexts,
     chat_logprobs,
     completion_logprobs,
+    sources_out,
     spec_info,
     tool_call_out,
     usage_of,
@@ -156,7 +157,7 @@ async def _chat_events(stream: RequestStream, meta: StreamMeta) -> AsyncIterator
     async for i, out in stream:
         states[i].update(out)
         text = held[i].content(states[i].text) if held[i] is not None else out.new_text
-        if text or (meta.want_logprobs and out.new_logprobs):
+        if text or (meta.want_logprobs and out.new_logprobs) or out.new_token_sources:
             logprobs = (
                 chat_logprobs(out.new_logprobs, meta.token_texts)
                 if meta.want_logprobs and out.new_logprobs
@@ -165,7 +166,10 @@ async def _chat_events(stream: RequestStream, meta: StreamMeta) -> AsyncIterator
             _observe_chunk(meta, i)
             yield chunk(
                 ChatChunkChoice(
-                    index=i, delta=DeltaMessage(content=text), logprobs=logprobs
+                    index=i,
+                    delta=DeltaMessage(content=text),
+                    logprobs=logprobs,
+                    token_sources=sources_out(out.new_token_sources),
                 )
             )
         if out.finished:
@@ -203,14 +207,18 @@ async def _completion_events(
     async for i, out in stream:
         offset = len(states[i].text)
         states[i].update(out)
-        if out.new_text or (meta.want_logprobs and out.new_logprobs):
+        if out.new_text or (meta.want_logprobs and out.new_logprobs) or out.new_token_sources:
             logprobs = (
                 completion_logprobs(out.new_logprobs, meta.token_texts, offset)
                 if meta.want_logprobs and out.new_logprobs
                 else None
             )
             _observe_chunk(meta, i)
-            yield chunk(CompletionChunkChoice(index=i, text=out.new_text, logprobs=logprobs))
+            yield chunk(
+                CompletionChunkChoice(
+                    index=i, text=out.new_text, logprobs=logprobs, token_sources=sources_out(out.new_token_sources)
+                )
+            )
         if out.finished:
             yield chunk(
                 CompletionChunkChoice(

@@ -259,6 +259,32 @@ async def test_chat_stream_logprobs(server):
     assert "".join(tokens) == REPLY[:4]
 
 
+async def test_token_sources_only_when_asked_and_their_ends_index_the_text(server):
+    _, _, http = server
+    plain = (await http.post("/v1/chat/completions", json=chat(temperature=0, max_tokens=5))).json()
+    assert "token_sources" not in plain["choices"][0]  # OpenAI clients see nothing new
+    body = (await http.post("/v1/chat/completions", json=chat(temperature=0, max_tokens=5, token_sources=True))).json()
+    choice = body["choices"][0]
+    assert choice["message"]["content"] == plain["choices"][0]["message"]["content"] == REPLY[:5]
+    # two tokens per fake step: the head's draft, then the target's own
+    assert choice["token_sources"] == [
+        {"source": s, "text_end": end} for s, end in zip(["head", "target", "head", "target", "target"], [1, 2, 3, 4, 5])
+    ]
+    completion = (await http.post("/v1/completions", json={"prompt": "p", "temperature": 0, "max_tokens": 3,
+                                                             "token_sources": True})).json()
+    assert [t["source"] for t in completion["choices"][0]["token_sources"]] == ["head", "target", "target"]
+    resp = await http.post("/v1/chat/completions", json=chat(temperature=0, max_tokens=4, token_sources=True, stream=True))
+    chunks = [json.loads(d)["choices"][0] for d in sse_data(resp.text)[:-1]]
+    sources = [t for c in chunks for t in c.get("token_sources", [])]
+    assert [t["text_end"] for t in sources] == [1, 2, 3, 4]
+    assert "".join(c["delta"].get("content", "") for c in chunks) == REPLY[:4]
+    assert "token_sources" not in chunks[-1]  # the final chunk carries finish_reason and spec_decode
+    stream = await http.post("/v1/chat/completions", json=chat(temperature=0, max_tokens=4, stream=True))
+    assert "token_sources" not in stream.text
+    bad = await http.post("/v1/chat/completions", json=chat(token_sources="yes"))
+    assert_error(bad, 400, "token_sources")
+
+
 async def test_models_tokenize_health_metrics(server):
     _, _, http = server
     models = (await http.get("/v1/models")).json()
@@ -747,3 +773,24 @@ async def test_debug_routes_need_the_api_key():
     assert ok.status_code == 200
     await http.aclose()
     client.shutdown()
+
+
+async def test_the_playground_is_served_at_the_root_with_local_assets_only_and_without_the_key():
+    import re
+
+    _, client, http = await make_server(api_key="secret")
+    await client.wait_ready()
+    try:
+        page = await http.get("/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        links = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+        assert links and all(link.startswith("/") and not link.startswith("//") for link in links), links
+        for asset in ("/playground/playground.js", "/playground/playground.css"):
+            resp = await http.get(asset)
+            assert resp.status_code == 200 and resp.text, asset
+            assert "http://" not in resp.text and "https://" not in resp.text  # nothing from elsewhere
+        assert (await http.get("/playground/missing.js")).status_code == 404
+        assert (await http.get("/v1/models")).status_code == 401  # the API itself still needs the key
+    finally:
+        await http.aclose()
+        client.shutdown()

@@ -4,7 +4,8 @@ It "generates" deterministic text without a model, so server tests run in millis
 - greedy requests spell out FakeEngine.REPLY (one character per token), then stop;
 - sampled requests (temperature > 0) spell random lowercase letters from their seed;
 - every decode step emits `tokens_per_step` tokens, like speculative decoding would, and fills
-  in SpecStats accordingly.
+  in SpecStats accordingly; with token_sources, all but a step's last token are the head's
+  drafts and the last the target's.
 Knobs for error tests: `paused` (nothing runs, requests pile up in waiting), `fail_next_step`
 (step() raises once), `step_delay` (slow steps, for disconnect tests).
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 
 from eagle_core.batch import TokenLogprob
 from eagle_core.errors import InvalidRequestError
-from eagle_core.outputs import RequestOutput, SpecStats
+from eagle_core.outputs import RequestOutput, SpecStats, TokenSource
 from eagle_core.sampling_params import SamplingParams
 
 
@@ -57,6 +58,8 @@ class _Req:
     text: str = ""
     released: int = 0
     spec: SpecStats = field(default_factory=SpecStats)
+    text_ends: list[int] = field(default_factory=list)
+    """The text's length after each of the current step's tokens."""
 
 
 class FakeEngine:
@@ -156,6 +159,7 @@ class FakeEngine:
     def _advance(self, req: _Req) -> RequestOutput:
         new_ids: list[int] = []
         reason = None
+        req.text_ends = []
         for _ in range(self.tokens_per_step):
             char = self._next_char(req)
             if char is None:
@@ -168,6 +172,8 @@ class FakeEngine:
             if stop is not None:
                 req.text = req.text[: req.text.index(stop)]
                 reason = "stop"
+            req.text_ends.append(len(req.text))
+            if reason is not None:
                 break
             if len(req.output) >= req.max_output:
                 reason = "length"
@@ -195,10 +201,15 @@ class FakeEngine:
                 )
                 for t in new_ids
             ]
+        sources = None
+        if req.params.token_sources:
+            kinds = ["head"] * (len(new_ids) - 1) + ["target"]
+            sources = [TokenSource(kind, end) for kind, end in zip(kinds, req.text_ends)]
         return RequestOutput(
             request_id=req.request_id,
             new_token_ids=new_ids,
             new_text=delta,
+            new_token_sources=sources,
             finished=reason is not None,
             finish_reason=reason,
             num_prompt_tokens=len(req.prompt_ids),
