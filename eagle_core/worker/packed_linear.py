@@ -34,8 +34,8 @@ ROW_LIMIT = 32
 
 def wants_packing(mode: str, device: torch.device, dtype: torch.dtype, amx_bf16: bool) -> bool:
     """Whether a model on `device` in `dtype` gets packed linears (ModelConfig.weight_packing):
-    bf16 on an x86 CPU with AMX, the only kind measured (AVX512-BF16 without AMX, as on the AMD
-    EPYC VMs, is not), and where torch was built with oneDNN."""
+    bf16 on an x86 CPU with AMX (docs/benchmarks.md, "A CPU with AMX"), where torch was built
+    with oneDNN."""
     return (
         mode == "auto"
         and device.type == "cpu"

@@ -40,9 +40,8 @@ from eagle_core.worker.warm_up import warm_up
 
 logger = logging.getLogger(__name__)
 
-# With packed bf16 weights to fall back on, the int8 kernel wins only up to 4 rows: on the 2-core
-# AMX Xeon, weights out of cache, 576 -> 1536 took 67 vs 72 us at 4 rows and 121 vs 76 at 6; at
-# 8 rows 160 vs 101 (1 row: 51 vs 112).
+# The most rows the int8 draft kernel takes where packed bf16 weights are there to fall back on
+# (beyond, the packed weights are faster; docs/benchmarks.md, "A CPU with AMX").
 INT8_ROWS_BESIDE_PACKED = 4
 
 # Without an explicit --max-model-len, very long model contexts are capped so that a default
