@@ -3,7 +3,7 @@ exactly BLOCK_ROWS rows.
 
 Why: a GEMM library picks its blocking (and, for wide weights, its split of the work between
 threads) by the number of rows, so one row's result can change in the last bits with the rows
-beside it: on the 2-core Xeon (torch 2.13, oneDNN/MKL), one row alone against the same row among
+beside it: with torch 2.13's oneDNN/MKL kernels, one row alone against the same row among
 2, 4 or 16 others differed for bf16 weights of 4096 x 576 and wider (the LM head) and for every
 fp32 weight tried. In bf16 such a difference is a whole unit of the last place of a logit, enough
 to move a seeded draw. With a fixed row count the blocking is fixed, and there a row gave the
