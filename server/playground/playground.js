@@ -162,7 +162,10 @@ async function send(prompt) {
       if (chunk.error) throw new Error(chunk.error.message);
       const choice = chunk.choices && chunk.choices[0];
       if (!choice) continue;
-      if (choice.delta && choice.delta.content) text += choice.delta.content;
+      if (choice.delta && choice.delta.content) {
+        text += choice.delta.content;
+        answer.dataset.chunks = String(Number(answer.dataset.chunks || 0) + 1); // streamed pieces so far
+      }
       if (choice.token_sources && choice.token_sources.length) {
         sources.push(...choice.token_sources);
         steps += 1;

@@ -1,8 +1,11 @@
 """The playground at `/` in a real headless browser: Debian's chromium driven by Playwright.
 
 The page streams an answer and colours each token by its source (the `token_sources`
-extension): with speculation some tokens are accepted drafts, without it none are. Skipped
-where chromium or Playwright is missing (`.ci/run` installs chromium; `make install` Playwright).
+extension): with speculation some tokens are accepted drafts, without it none are. The default
+model serves both, eagerly (a start of seconds): with its head drafting at every step
+(`--spec-max-batch 0`, so the speculation policy's state cannot decide the test), and with
+`--no-speculation` behind an API key. Skipped where chromium or Playwright is missing
+(`.ci/run` installs chromium; `make install` Playwright).
 Set EAGLE_SERVE_SCREENSHOT to a path to keep the speculating page's screenshot there as well
 (docs/playground.png is made this way).
 """
@@ -15,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.server_process import ServerProcess
+from tests.e2e.server_process import API_KEY, ServerProcess, start_server, stop_server
 
 CHROMIUM = Path("/usr/bin/chromium")
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (make install adds it)")
@@ -38,6 +41,25 @@ _CHROMIUM_ARGS = [
 _DRAFTED = ".msg.assistant .tok[data-source='head'], .msg.assistant .tok[data-source='lookup']"
 
 
+_EAGER = ["--dtype", "float32", "--device", "cpu", "--compile", "off"]
+
+
+@pytest.fixture(scope="module")
+def drafting_server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("playground_drafting") / "server.log"
+    server = start_server([*_EAGER, "--spec-max-batch", "0"], log)
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def plain_server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("playground_plain") / "server.log"
+    server = start_server([*_EAGER, "--no-speculation"], log, api_key=API_KEY)
+    yield server
+    stop_server(server)
+
+
 @pytest.fixture(scope="module")
 def browser():
     with sync_api.sync_playwright() as playwright:
@@ -58,11 +80,11 @@ def _ask(browser, server: ServerProcess, prompt: str, screenshot: Path) -> dict:
         page.fill("#max_tokens", "96")
         page.fill("#prompt", prompt)
         page.click("#send")
-        page.wait_for_selector(".msg.assistant[data-state='streaming'] .tok", timeout=120_000)  # streamed text
         page.wait_for_selector(".msg.assistant[data-state='done']", timeout=300_000)
         page.screenshot(path=str(screenshot), full_page=True)
         return {
             "text": page.inner_text(".msg.assistant .body"),
+            "chunks": int(page.get_attribute(".msg.assistant", "data-chunks") or 0),
             "tokens": page.locator(".msg.assistant .tok").count(),
             "drafted": page.locator(_DRAFTED).count(),
             "rate": page.inner_text("#stat-rate"),
@@ -73,11 +95,12 @@ def _ask(browser, server: ServerProcess, prompt: str, screenshot: Path) -> dict:
         page.close()
 
 
-def test_speculation_shows_accepted_drafts_in_the_page(browser, smollm2_server, tmp_path):
+def test_speculation_shows_accepted_drafts_in_the_page(browser, drafting_server, tmp_path):
     shot = tmp_path / "playground.png"
-    shown = _ask(browser, smollm2_server, "Write a Python function that returns the sum of the squares of a list.", shot)
+    shown = _ask(browser, drafting_server, "Write a Python function that returns the sum of the squares of a list.", shot)
     assert not shown["error"]
     assert shown["text"].strip() and shown["tokens"] > 10
+    assert shown["chunks"] > 1  # the text came in as a stream, piece by piece
     assert shown["drafted"] > 0, shown  # the shipped head's drafts, accepted
     assert float(shown["rate"]) > 0
     assert shot.stat().st_size > 10_000
@@ -85,10 +108,11 @@ def test_speculation_shows_accepted_drafts_in_the_page(browser, smollm2_server, 
         shutil.copyfile(shot, os.environ["EAGLE_SERVE_SCREENSHOT"])
 
 
-def test_without_speculation_no_token_is_a_draft_and_the_key_entered_in_the_page_works(browser, tiny_server, tmp_path):
-    """tiny_server has no draft head and an API key: the page sends the key its user entered."""
-    shown = _ask(browser, tiny_server, "hello", tmp_path / "plain.png")
+def test_without_speculation_no_token_is_a_draft_and_the_key_entered_in_the_page_works(browser, plain_server, tmp_path):
+    """The page sends the API key its user entered, and keeps it in the browser."""
+    shown = _ask(browser, plain_server, "Write a Python function that returns the sum of the squares of a list.",
+                 tmp_path / "plain.png")
     assert not shown["error"]
-    assert shown["text"] and shown["tokens"] > 0
+    assert shown["text"].strip() and shown["tokens"] > 10 and shown["chunks"] > 1
     assert shown["drafted"] == 0
-    assert shown["key_stored"] == tiny_server.api_key
+    assert shown["key_stored"] == plain_server.api_key
