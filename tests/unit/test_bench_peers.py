@@ -52,6 +52,17 @@ def test_llama_launch_sizes_slots_and_context_from_the_run(tmp_path):
     assert launch.argv[launch.argv.index("-t") + 1] == "2"
 
 
+def test_the_q4_1_servers_read_the_shipped_gguf_with_and_without_repacking(tmp_path):
+    from types import SimpleNamespace
+
+    setups = SimpleNamespace(q4_1_gguf=lambda: Path("/q4_1.gguf"), bf16_gguf=lambda: Path("/bf16.gguf"),
+                             llama_server=lambda: Path("/b/llama-server"), llama_version=lambda: None)
+    args = _args(tmp_path)
+    launches = {name: peers.launch_for(name, setups, args) for name in ("llama-q4_1", "llama-q4_1-norepack", "llama-bf16")}
+    assert [launch.argv[launch.argv.index("-m") + 1] for launch in launches.values()] == ["/q4_1.gguf", "/q4_1.gguf", "/bf16.gguf"]
+    assert ["--no-repack" in launch.argv for launch in launches.values()] == [False, True, False]
+
+
 def test_vllm_launch_preloads_what_it_finds_and_notes_what_it_does_not(tmp_path):
     python = tmp_path / "venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
