@@ -46,7 +46,7 @@ class ModelConfig:
     (worker/int4_linear.py). bfloat16 models on the CPU only, not with deterministic mode.
     "none": the weights as loaded. "auto": int4 where the 4-bit weights are exactly the source's
     own (a Q4_1 GGUF, as the default model ships) and int4 can run (bfloat16 on the CPU, not
-    deterministic); none otherwise, so it never changes a model's numbers."""
+    deterministic); none otherwise, so it never rounds a model's weights further."""
 
     compile: str = "auto"
     """"on": the target's and the draft head's forwards run compiled by torch.compile (inductor;
