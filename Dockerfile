@@ -62,9 +62,14 @@ RUN pip install --no-cache-dir . \
 # (eagle_core/worker/cpu_kernels.py); both keep what they build under /cache.
 FROM ${PYTHON_IMAGE} AS runtime
 
+# Both compile against the running Python's headers (Python.h): the official image has them, a
+# plain Debian base gets them from python3-dev, which matches its python3.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ \
+    && if ! python3 -c "import sys, sysconfig, pathlib; sys.exit(not pathlib.Path(sysconfig.get_paths()['include'], 'Python.h').is_file())"; then \
+         apt-get install -y --no-install-recommends python3-dev; \
+       fi \
     && rm -rf /var/lib/apt/lists/*
 
 LABEL org.opencontainers.image.title="eagle-serve" \
