@@ -254,6 +254,7 @@ class Engine:
             return appended, None
         num_before = request.num_output_tokens - len(appended)
         text_ends: list[int] = []
+        kept_tokens = appended
         for kept, token_id in enumerate(appended, start=1):
             stopped = tracked.detok.add([token_id], find_stop=num_before + kept >= params.min_tokens)
             text_ends.append(len(tracked.detok.text))
@@ -265,8 +266,9 @@ class Engine:
                     request.finish_reason = "stop"
                 else:
                     self.scheduler.finish(request.request_id, "stop")
-                return appended[:kept], text_ends if params.token_sources else None
-        return appended, text_ends if params.token_sources else None
+                kept_tokens = appended[:kept]
+                break
+        return kept_tokens, text_ends if params.token_sources else None
 
     def _tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

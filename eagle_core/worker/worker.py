@@ -128,17 +128,15 @@ class Worker:
 
     def _quantize_target(self, loaded, model: ModelConfig) -> str | None:
         mode = model.weight_quantization
+        why_not = self._int4_unavailable()
         if mode == "auto":
-            mode = self._auto_quantization(loaded, model)
+            mode = "int4" if loaded.source_linear_type == INT4_SOURCE_TYPE and why_not is None else "none"
+            if loaded.source_linear_type == INT4_SOURCE_TYPE and why_not is not None:
+                logger.info("the model's linears are %s, but its weights stay dense: %s", INT4_SOURCE_TYPE, why_not)
         if mode == "none":
             return None
-        if self.device.type != "cpu" or self.dtype != torch.bfloat16:
-            raise ModelLoadError(
-                f"--weight-quantization {mode} needs a bfloat16 model on the CPU; "
-                f"got {dtype_name(self.dtype)} on {self.device}"
-            )
-        if not int4_linear_available():
-            raise ModelLoadError("--weight-quantization int4: the int4 linear operator is unavailable (see the log)")
+        if why_not is not None:
+            raise ModelLoadError(f"--weight-quantization {mode}: {why_not}")
         replaced, left = quantize_decoder(loaded.model, pack_dense=model.weight_packing != "none")
         row_limit = measure_row_limit(loaded.model)
         logger.info(
@@ -147,21 +145,16 @@ class Worker:
         )
         return mode
 
-    def _auto_quantization(self, loaded, model: ModelConfig) -> str:
-        """"int4" when the source's linears are Q4_1 (so int4 holds exactly its weights) and
-        int4 can run here; else "none", logging why when the source would have allowed it."""
-        if loaded.source_linear_type != INT4_SOURCE_TYPE:
-            return "none"
+    def _int4_unavailable(self) -> str | None:
+        """Why int4 weights cannot run here (None: they can). Deterministic mode with an
+        explicit int4 never gets here: ModelConfig refuses it."""
         if self.device.type != "cpu" or self.dtype != torch.bfloat16:
-            why = f"{dtype_name(self.dtype)} on {self.device} (int4 runs bfloat16 on the CPU)"
-        elif self.deterministic:
-            why = "deterministic mode"
-        elif not int4_linear_available():
-            why = "the int4 linear operator is unavailable (see the log)"
-        else:
-            return "int4"
-        logger.info("the model's linears are %s, but its weights stay dense: %s", INT4_SOURCE_TYPE, why)
-        return "none"
+            return f"needs a bfloat16 model on the CPU; got {dtype_name(self.dtype)} on {self.device}"
+        if self.deterministic:
+            return "deterministic mode needs batch-invariant linears"
+        if not int4_linear_available():
+            return "the int4 linear operator is unavailable (see the log)"
+        return None
 
     def _quantize_draft(self, mode: str) -> bool:
         if not wants_int8(mode, self.device, self.dtype) or (mode == "auto" and self.compiled):
