@@ -4,17 +4,18 @@ Why: at batch 1 on a CPU a draft forward is bound by reading the head's weights 
 bf16 for the default head), and the target's forward between two draft steps pushes them out
 of cache, so every step reads them from memory again. Stored as int8 with one scale per output
 row they take half the bytes, and torch's fused weight-only kernel (`_weight_int8pack_mm`, the
-one gpt-fast and torchchat use on CPUs) runs the head's decoding shapes 2-3x faster than the
-bf16 linear (`python -m bench.tree_sizes --draft-quantization int8 none` measures the
-engine-level effect). Hand-written because the module is one kernel call, and torchao's
-weight-only int8 path converts the weights back to the activation dtype on every CPU call.
+one gpt-fast and torchchat use on CPUs) runs the head's decoding shapes faster than the bf16
+linear (`python -m bench.tree_sizes --draft-quantization int8 none` measures the engine-level
+effect; docs/benchmarks.md, "What the speculation defaults rest on", has the kernel timings).
+Hand-written because the module is one kernel call, and torchao's weight-only int8 path
+converts the weights back to the activation dtype on every CPU call.
 
 Where the kernel loses, the original linear runs instead:
-- many rows (a prompt's catch-up): the kernel is compute-bound there, e.g. 576 -> 1536 with 64
-  rows 486 vs 226 us, so inputs of more than ROW_LIMIT rows take the bf16 weights, which are
-  kept (for the default head, 20 MB beside the 10 MB of int8 ones);
-- float32 and float16: torch 2.13 has no vectorised x86 kernel for them (576 -> 1536, 4 rows:
-  fp16 1,237 vs 148 us), so only bfloat16 linears are converted.
+- many rows (a prompt's catch-up): the kernel is compute-bound there, so inputs of more than
+  ROW_LIMIT rows take the bf16 weights, which are kept (for the default head, 20 MB beside the
+  10 MB of int8 ones);
+- float32 and float16: torch 2.13 has no vectorised x86 kernel for them, so only bfloat16
+  linears are converted.
 
 Rounding the head's weights can only change which tokens are proposed: the target still
 verifies every one, so the output distribution is unchanged.
