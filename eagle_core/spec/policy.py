@@ -28,9 +28,10 @@ for head trees by tree size, and for lookup chains alone (with the rows such a c
 Every tree node carries its rank in its step's score order (DraftTree.ranks), and the tree of
 the best n nodes holds exactly the nodes of rank < n; verification walks one path whatever the
 tree (spec/verify.py), so a step that drafted n nodes tells what every smaller tree would have
-accepted: the path up to its first node of rank n or more. A request without its own history
-takes the running average of requests sampled like it (greedy or not: temperature is a signal,
-not a special case). While a request does not draft, its estimates drift back toward that
+accepted: the path up to its first node of rank n or more. A request's averages start at the
+running average of requests sampled like it (greedy or not: temperature is a signal, not a
+special case) and move by REQUEST_RATE a step; steps in an answer's opening (OPENING_TOKENS)
+are not recorded. While a request does not draft, its estimates drift back toward that
 average, so a request whose drafts failed is tried again later. Two kinds of probe keep what
 the policy does not choose measured, each at a bounded share of the time: while no sequence
 drafts at all, a step now and then lets the best candidate draft a full tree (the averages and
@@ -69,11 +70,20 @@ still grow)."""
 MIN_COST = 1e-6
 """Seconds: the least a cost point holds (every point stays positive, so ratios are defined)."""
 REQUEST_RATE = 0.3
-"""Weight of one step in a request's own acceptance averages."""
+"""Weight of one step in a request's own acceptance averages, from its first step on: they
+start at the average over requests like it, which thus counts as about 1 / REQUEST_RATE - 1
+steps. (One step alone says little: an answer's first tokens are often the hardest to draft,
+and a first step that accepted nothing must not stop a request from drafting.)"""
 PRIOR_RATE = 0.02
 """Weight of one sequence-step in the averages over all requests (new requests' estimates),
 once they hold 1 / PRIOR_RATE steps; before that each is the plain mean of the steps recorded
 and its initial value, counted as one step (`Acceptance.record_head`)."""
+OPENING_TOKENS = 4
+"""Head trees drafted before an answer has this many tokens are not recorded in the acceptance
+averages: an answer's first tokens (which topic, which wording) are the hardest to draft, so
+its first drafting steps say little of its later ones, and, being the steps every request
+drafts, they would weigh most in the averages over requests, which would then keep new
+requests from drafting at all."""
 RELAX_RATE = 1 / 16
 """Per step without drafting, how far a request's estimate moves back toward the average."""
 PROBE_SHARE = 0.01
@@ -90,6 +100,8 @@ INITIAL_LOOKUP_ACCEPTANCE = 0.5
 INITIAL_LOOKUP_ROWS = 2.0
 REALIZED_RATE = 0.05
 """Weight of one drafting step in `Realization`'s ratios (about the last 20 drafting steps)."""
+REALIZED_PRIOR_STEPS = 4.0
+"""Steps' worth of forecasts taken as come true before `Realization` has seen any."""
 REALIZED_BOUNDS = (0.1, 4.0)
 """Least and most either `Realization` ratio holds (a few steps' noise cannot stop drafting
 for good, nor make it look free)."""
@@ -326,20 +338,19 @@ class Acceptance:
         prior = self.prior[greedy]
         if own.head is None:
             own.head = list(prior.head)
-            rate = 1.0
-        else:
-            rate = REQUEST_RATE
         prior.head_steps += 1
         prior_rate = _prior_rate(prior.head_steps)
         for n in sizes:
-            own.head[n] += rate * (accepted[n] - own.head[n])
+            own.head[n] += REQUEST_RATE * (accepted[n] - own.head[n])
             prior.head[n] += prior_rate * (accepted[n] - prior.head[n])
 
     def record_lookup(self, request_id: str, greedy: bool, accepted: int, rows: int) -> None:
         own = self.requests.setdefault(request_id, _Estimates())
+        prior = self.prior[greedy]
+        if own.lookup is None:
+            own.lookup, own.lookup_rows = prior.lookup, prior.lookup_rows
         own.lookup = _mix(own.lookup, accepted, REQUEST_RATE)
         own.lookup_rows = _mix(own.lookup_rows, rows, REQUEST_RATE)
-        prior = self.prior[greedy]
         prior.lookup_steps += 1
         prior.lookup = _mix(prior.lookup, accepted, _prior_rate(prior.lookup_steps))
         prior.lookup_rows = _mix(prior.lookup_rows, rows, _prior_rate(prior.lookup_steps))
@@ -369,7 +380,12 @@ class Realization:
 
     def observe(self, expected: float, accepted: float, predicted: float, seconds: float) -> None:
         """A decode-only step that drafted: `expected` accepted drafts and `predicted` seconds
-        when it was chosen, `accepted` and `seconds` as it ran."""
+        when it was chosen, `accepted` and `seconds` as it ran. The first one is preceded by
+        REALIZED_PRIOR_STEPS steps like it that came true exactly, so that one step's luck
+        moves the ratios by a share of that weight, not to the bounds."""
+        if self.expected == 0 and self.predicted == 0:
+            self.expected = self.accepted = REALIZED_PRIOR_STEPS * expected
+            self.predicted = self.seconds = REALIZED_PRIOR_STEPS * predicted
         keep = 1.0 - REALIZED_RATE
         self.expected = keep * self.expected + expected
         self.accepted = keep * self.accepted + accepted
@@ -626,7 +642,8 @@ class SpeculationPolicy:
                 self.fed[work.request_id] = work.start_pos
                 nodes = min(work.num_tree_slots + 1, self.max_tree_nodes)
                 tree_nodes = max(tree_nodes, nodes)
-                self._record_head(work.request_id, is_greedy, seq_result, nodes)
+                if len(work.output_token_ids) >= OPENING_TOKENS:
+                    self._record_head(work.request_id, is_greedy, seq_result, nodes)
             elif work.num_draft_slots and not work.drafts_with_head:
                 self.acceptance.record_lookup(
                     work.request_id, is_greedy, seq_result.num_accepted_tokens, seq_result.num_draft_tokens

@@ -14,9 +14,12 @@ from eagle_core.spec.policy import (
     COST_RATE,
     MAX_PROBE_INTERVAL,
     MIN_MOVE,
+    OPENING_TOKENS,
     PRIOR_RATE,
     PROBE_SHARE,
     REALIZED_BOUNDS,
+    REALIZED_PRIOR_STEPS,
+    REQUEST_RATE,
     Acceptance,
     Candidate,
     CostTable,
@@ -259,9 +262,10 @@ def test_lookup_alone_only_where_it_pays():
 
 # ---- learning from served steps
 
-def work(request_id: str, slots: int, skip: str | None = None) -> SeqWork:
-    """A decode step with `slots` draft slots, all of them the head tree's unless `skip`."""
-    return SeqWork(request_id, [5], 10, [0], True, slots, SamplingParams(temperature=0), [1] * 10, [2],
+def work(request_id: str, slots: int, skip: str | None = None, output_len: int = OPENING_TOKENS) -> SeqWork:
+    """A decode step with `slots` draft slots, all of them the head tree's unless `skip`, of a
+    request that has answered `output_len` tokens (past the opening unless told)."""
+    return SeqWork(request_id, [5], 10, [0], True, slots, SamplingParams(temperature=0), [1] * 10, [2] * output_len,
                    100, num_tree_slots=0 if skip else slots, draft_skip_reason=skip)
 
 
@@ -315,7 +319,7 @@ def test_drafting_that_yields_less_than_forecast_stops():
     policy = policy_with(costs(), lookup=False)
     drafted = drafting_steps(policy, [])
     assert drafted[0] and sum(drafted[-30:]) <= 8
-    assert policy._realized(1).tokens == REALIZED_BOUNDS[0]
+    assert policy._realized(1).tokens < 0.5
 
 
 def test_what_loaded_steps_realize_leaves_a_lone_sequence_alone():
@@ -336,7 +340,7 @@ def test_drafting_steps_slower_than_forecast_stop_where_the_margin_was_thin():
     assert sum(drafting_steps(policy, [1], slower=1.0)[-30:]) >= 25
     policy = policy_with(costs(), lookup=False)
     assert sum(drafting_steps(policy, [1], slower=2.0)[-30:]) <= 8
-    assert policy._realized(1).time == pytest.approx(2.0, rel=0.01)
+    assert 1.5 < policy._realized(1).time <= 2.0  # 2 once the start's come-true steps have decayed
 
 
 def test_a_tree_of_unknown_ranks_tells_only_its_own_size():
@@ -344,7 +348,8 @@ def test_a_tree_of_unknown_ranks_tells_only_its_own_size():
     prior = list(policy.acceptance.head("a", True))
     policy.observe(ScheduledBatch([work("a", 4)]), StepResult({"a": SeqResult("a", [1, 2, 3], 4, 2)}), 0.020)
     own = policy.acceptance.head("a", True)
-    assert own[5] == 2 and own[:5] == prior[:5] and own[6:] == prior[6:]
+    assert own[5] == pytest.approx(prior[5] + REQUEST_RATE * (2 - prior[5]))
+    assert own[:5] == prior[:5] and own[6:] == prior[6:]
 
 
 def test_a_head_tree_that_came_to_nothing_is_not_taken_for_a_failed_lookup_chain():
@@ -355,7 +360,37 @@ def test_a_head_tree_that_came_to_nothing_is_not_taken_for_a_failed_lookup_chain
     policy.observe(ScheduledBatch([work("a", 7)]), StepResult({"a": SeqResult("a", [1])}), 0.020)
     assert policy.acceptance.lookup("a", True) == prior and "a" not in policy.acceptance.requests
     policy.observe(ScheduledBatch([work("a", 7, skip="batch_size")]), StepResult({"a": SeqResult("a", [1, 2], 3, 1)}), 0.020)
-    assert policy.acceptance.lookup("a", True) == (1.0, 3.0)
+    accepted, rows = prior
+    assert policy.acceptance.lookup("a", True) == pytest.approx(
+        (accepted + REQUEST_RATE * (1 - accepted), rows + REQUEST_RATE * (3 - rows)))
+
+
+def test_a_first_drafting_step_that_accepted_nothing_does_not_stop_a_request_drafting():
+    """One step says little: a request's own averages start at the average over requests and
+    move by REQUEST_RATE, and `Realization` starts as if its first forecasts had come true, so
+    one unlucky step leaves drafting chosen where the averages say it pays."""
+    policy = policy_with(costs(), lookup=False)
+    record(policy, ["old"], 2.0, times=60)  # earlier requests accepted 2 drafts at the full tree
+    choice = policy.choose([Candidate("a", True, head=True)])
+    assert choice.head == {"a"}
+    n = choice.tree_nodes
+    policy.observe(ScheduledBatch([work("a", n - 1)]), StepResult({"a": SeqResult("a", [1], n - 1, 0, accepted_ranks=[])}),
+                   choice.seconds)
+    assert policy._realized(1).tokens == pytest.approx(REALIZED_PRIOR_STEPS / (REALIZED_PRIOR_STEPS + 1), rel=0.05)
+    assert policy.choose([Candidate("a", True, head=True)]).head == {"a"}
+
+
+def test_drafting_steps_in_an_answers_opening_are_not_recorded():
+    """Before an answer has OPENING_TOKENS tokens its drafts are hardest: those steps move
+    neither the request's averages nor those over requests; later steps do."""
+    policy = policy_with(costs(), lookup=False)
+    prior = list(policy.acceptance.head("a", True))
+    failed = StepResult({"a": SeqResult("a", [1], 7, 0, accepted_ranks=[])})
+    policy.observe(ScheduledBatch([work("a", 7, output_len=OPENING_TOKENS - 1)]), failed, 0.030)
+    assert "a" not in policy.acceptance.requests and policy.acceptance.head("b", True) == prior
+    policy.observe(ScheduledBatch([work("a", 7, output_len=OPENING_TOKENS)]), failed, 0.030)
+    assert policy.acceptance.head("a", True)[N] == pytest.approx((1 - REQUEST_RATE) * prior[N])
+    assert policy.acceptance.head("b", True)[N] < prior[N]
 
 
 def test_owing_the_head_a_long_context_costs_what_feeding_it_costs():
