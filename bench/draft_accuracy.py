@@ -14,11 +14,11 @@ children are accepted: the target's mass at temperature T on the head's top 1 (a
 (the default trees' root), next to the same for the target's own top 1 and top 3, which is what
 a perfect head would reach with those children (deterministic children are accepted exactly when
 the sampled token is one of them). Their ratio is the share of the reachable first-level
-acceptance the head captures; the rest of the loss at T > 0 is the target's own spread. Positions are grouped by the
-target's top-1 probability there: where the target barely prefers its argmax, a small head
-predicting it is close to a coin toss, so the split shows how much of the miss rate lies where a
-better head could still recover it; the confident positions are split again into word pieces
-that continue a word and the rest. Writes bench/results/draft-accuracy-<date>-<machine>.json.
+acceptance the head captures; the rest of the loss at T > 0 is the target's own spread.
+Positions are grouped by the target's top-1 probability there: where the target barely prefers
+its argmax, a small head predicting it is close to a coin toss, so the split shows how much of
+the miss rate lies where a better head could still recover it; the confident positions are split
+again into word pieces that continue a word and the rest. Writes bench/results/draft-accuracy-<date>-<machine>.json.
 """
 
 from __future__ import annotations
@@ -68,15 +68,15 @@ def score_positions(target, heads: dict[str, Eagle3Head], prompt: list[int], ans
     ("oracle_mass", [m, 2]) and per head on the head's top 1 and top 3 (a fourth column, [m, 2])."""
     ids = torch.tensor(prompt + answer)[None]  # [1, n]
     out = target.model(input_ids=ids, output_hidden_states=True)
-    logits = target.lm_head(out.last_hidden_state[0]).float()  # [n, V]
-    probs = torch.softmax(logits, dim=-1)  # [n, V]
+    target_logits = target.lm_head(out.last_hidden_state[0]).float()  # [n, V]
+    probs = torch.softmax(target_logits, dim=-1)  # [n, V]
     top_prob, greedy = probs.max(dim=-1)  # [n] each
     n, first = ids.shape[1], len(prompt) - 2  # entry q predicts token q + 2; the answer's first is at len(prompt)
     truth = greedy[first + 1 : n - 1]  # [m]
     rows = {"confidence": top_prob[first + 1 : n - 1], "truth": truth}  # at q + 1, [m] each
     sampled = None
     if temperature > 0:
-        sampled = torch.softmax(logits[first + 1 : n - 1] / temperature, dim=-1)  # [m, V]
+        sampled = torch.softmax(target_logits[first + 1 : n - 1] / temperature, dim=-1)  # [m, V]
         own = sampled.topk(TOP_K, dim=-1).values.cumsum(-1)  # [m, TOP_K]
         rows["oracle_mass"] = torch.stack([own[:, 0], own[:, -1]], dim=-1)  # [m, 2]
     positions = torch.arange(n - 1)[None]
