@@ -128,14 +128,13 @@ class Worker:
 
     def _quantize_target(self, loaded, model: ModelConfig) -> str | None:
         mode = model.weight_quantization
+        if mode == "none" or (mode == "auto" and loaded.source_linear_type != INT4_SOURCE_TYPE):
+            return None  # before _int4_unavailable: it builds the int4 operator on a cold cache
         why_not = self._int4_unavailable()
-        if mode == "auto":
-            mode = "int4" if loaded.source_linear_type == INT4_SOURCE_TYPE and why_not is None else "none"
-            if loaded.source_linear_type == INT4_SOURCE_TYPE and why_not is not None:
-                logger.info("the model's linears are %s, but its weights stay dense: %s", INT4_SOURCE_TYPE, why_not)
-        if mode == "none":
-            return None
         if why_not is not None:
+            if mode == "auto":
+                logger.info("the model's linears are %s, but its weights stay dense: %s", INT4_SOURCE_TYPE, why_not)
+                return None
             raise ModelLoadError(f"--weight-quantization {mode}: {why_not}")
         replaced, left = quantize_decoder(loaded.model, pack_dense=model.weight_packing != "none")
         row_limit = measure_row_limit(loaded.model)
@@ -143,7 +142,7 @@ class Worker:
             "int4 weights for %d target linears (%d kept: %s); the int4 kernel serves up to %d rows on this CPU",
             len(replaced), len(left), ", ".join(left) or "none", row_limit,
         )
-        return mode
+        return "int4"
 
     def _int4_unavailable(self) -> str | None:
         """Why int4 weights cannot run here (None: they can). Deterministic mode with an
