@@ -9,7 +9,7 @@ import os
 from eagle_core.train.common import set_threads
 from eagle_core.train.config import load_config
 
-STAGES = ("prompts", "generate", "corpus", "features", "train", "eval")
+STAGES = ("prompts", "generate", "corpus", "features", "train", "validate", "eval")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,6 +57,10 @@ def main(argv: list[str] | None = None) -> None:
             from eagle_core.train.trainer import run_train
 
             run_train(cfg)
+        elif stage == "validate":
+            from eagle_core.train.trainer import run_validate
+
+            run_validate(cfg)
         elif stage == "eval":
             from eagle_core.train.evaluate import run_eval
 

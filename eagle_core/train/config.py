@@ -8,6 +8,8 @@ from typing import Any
 
 import yaml
 
+OBJECTIVES = ("soft_ce", "lk")
+
 
 @dataclass(frozen=True)
 class PromptsConfig:
@@ -82,6 +84,12 @@ class TrainerConfig:
     """Unrolled draft steps per position (EAGLE-3 training-time test); 1 = single step."""
     step_decay: float = 0.8
     """Loss weight of unrolled step k is step_decay ** k."""
+    objective: str = "soft_ce"
+    """Loss per position (trainer.py's docstring): "soft_ce", cross-entropy against the target's
+    top-k distribution; "lk", the negative log of the rate at which the head's sampled token is
+    accepted under the target at T=1, plus lk_ce_weight x soft_ce."""
+    lk_ce_weight: float = 0.1
+    """"lk" only: weight of the soft_ce term added to it."""
     epochs: float = 4.0
     batch_tokens: int = 4096
     max_seq_len: int = 512
@@ -118,6 +126,10 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if self.num_layers < 1:
             raise ValueError(f"trainer.num_layers must be >= 1, got {self.num_layers}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"trainer.objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if self.lk_ce_weight < 0:
+            raise ValueError(f"trainer.lk_ce_weight must be >= 0, got {self.lk_ce_weight}")
 
 
 @dataclass(frozen=True)

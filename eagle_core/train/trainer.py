@@ -8,9 +8,18 @@ Alignment (the engine's, see eagle_core/spec/drafter.py): the draft entry at pos
            attends step-0 entries at positions <= q-k (the committed context) and the step-i
            entries at q-k+i for i = 1..k (its own ancestors in the tree), as in EAGLE-3.
 
-The loss of step k is weighted step_decay**k; it is a soft cross-entropy against the target's
-top-k next-token probabilities restricted to the draft vocabulary (renormalised), weighted per
-position (prompt positions less). The draft vocabulary is the `draft_vocab_size` most frequent
+The loss of step k is weighted step_decay**k and weighted per position (prompt positions less).
+It is chosen by `trainer.objective`:
+  soft_ce  cross-entropy against the target's top-k next-token probabilities restricted to the
+           draft vocabulary (renormalised);
+  lk       -log(sum_x min(p(x), q(x))): the negative log of the rate at which a token drawn from
+           the head's q is accepted under the target's p (p: the captured top-k T=1
+           probabilities in the draft vocabulary, not renormalised, so the mass the head cannot
+           reach stays out of reach), plus `lk_ce_weight` x soft_ce, which keeps a gradient on
+           positions where the head's q and p do not overlap yet.
+Both measure the same quantity on validation: the target's mass on the head's top-1 and top-3
+tokens, which is the probability that a tree's first level is accepted when its children are
+the head's top-k (verification accepts a deterministic child with its target probability). The draft vocabulary is the `draft_vocab_size` most frequent
 target top-1 tokens of the training data. Training resumes from `<work_dir>/train/ckpt.pt`.
 """
 
@@ -26,6 +35,7 @@ import shutil
 import time
 import zlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -219,26 +229,59 @@ def ttt_forward(head: Eagle3Head, batch: dict[str, torch.Tensor], steps: int):
     return logits
 
 
-def ttt_loss(logits: list[torch.Tensor], batch: dict[str, torch.Tensor], decay: float):
-    """(total loss, per-step losses, per-step top-1 accuracies and weights)."""
+class StepStats(NamedTuple):
+    """Sums over one unrolled step's positions of weight > 0.5 (prompt positions excluded)."""
+
+    loss: float  # the step's weighted mean loss (not a sum)
+    hits: float  # head's top-1 == target's top-1
+    count: float
+    mass1: float  # target probability of the head's top-1 token
+    mass3: float  # target probability mass of the head's top-3 tokens
+    ceiling1: float  # the same for a perfect head (the target's own top-1 / top-3 in the draft vocabulary)
+    ceiling3: float
+
+
+def _objective(step_logits: torch.Tensor, label_ids: torch.Tensor, probs: torch.Tensor,
+               renormalised: torch.Tensor, objective: str, lk_ce_weight: float) -> torch.Tensor:
+    """[B, T] per-position loss. step_logits [B, T, Vd]; label_ids [B, T, k] draft ids (-1: out of
+    the draft vocabulary); probs [B, T, k] the target's probabilities (0 out of the vocabulary);
+    renormalised: probs / their sum."""
+    logp = torch.log_softmax(step_logits.float(), dim=-1)
+    picked = logp.gather(-1, label_ids.clamp_min(0))  # [B, T, k]
+    soft_ce = -(renormalised * picked).sum(-1)
+    if objective == "soft_ce":
+        return soft_ce
+    accepted = torch.minimum(probs, picked.exp()).sum(-1)  # [B, T] sum_x min(p, q)
+    return -torch.log(accepted.clamp_min(1e-6)) + lk_ce_weight * soft_ce
+
+
+def ttt_loss(logits: list[torch.Tensor], batch: dict[str, torch.Tensor], decay: float,
+             objective: str = "soft_ce", lk_ce_weight: float = 0.0):
+    """(total loss, one StepStats per unrolled step)."""
     label_ids, label_probs, weights = batch["label_ids"], batch["label_probs"], batch["weights"]
     in_vocab = label_ids >= 0
-    probs = label_probs * in_vocab
-    probs = probs / probs.sum(-1, keepdim=True).clamp_min(1e-6)
+    probs = label_probs * in_vocab  # [B, T, k]
+    renormalised = probs / probs.sum(-1, keepdim=True).clamp_min(1e-6)
     top1 = torch.where(in_vocab[..., 0], label_ids[..., 0], -2)
+    best = probs.sort(dim=-1, descending=True).values
     total, stats = 0.0, []
     for step, step_logits in enumerate(logits):
-        logp = torch.log_softmax(step_logits.float(), dim=-1)
-        picked = logp.gather(-1, label_ids.clamp_min(0))
-        per_pos = -(probs * picked).sum(-1)  # [B, T]
+        per_pos = _objective(step_logits, label_ids, probs, renormalised, objective, lk_ce_weight)
         w = weights.clone()
         w[:, :step] = 0  # entries without a full chain behind them
         denom = w.sum().clamp_min(1e-6)
         loss = (per_pos * w).sum() / denom
-        correct = (step_logits.argmax(-1) == top1).float()
-        acc_w = (correct * (w > 0.5)).sum()
         total = total + (decay**step) * loss
-        stats.append((loss.item(), acc_w.item(), (w > 0.5).sum().item()))
+        with torch.no_grad():
+            counted = (w > 0.5).float()
+            head_top = step_logits.topk(min(3, step_logits.shape[-1]), dim=-1).indices  # [B, T, 3]
+            mass = ((head_top[..., :, None] == label_ids[..., None, :]) * probs[..., None, :]).sum(-1)
+            correct = (head_top[..., 0] == top1).float()
+            stats.append(StepStats(
+                loss.item(), (correct * counted).sum().item(), counted.sum().item(),
+                (mass[..., 0] * counted).sum().item(), (mass.sum(-1) * counted).sum().item(),
+                (best[..., 0] * counted).sum().item(), (best[..., :3].sum(-1) * counted).sum().item(),
+            ))
     return total, stats
 
 
@@ -331,28 +374,45 @@ def grow_draft_vocab(head: Eagle3Head, target_model, counts: torch.Tensor, size:
     return grown
 
 
-def evaluate_accuracy(head, seqs, tc: TrainerConfig, t2d) -> list[float]:
-    """Top-1 accuracy per unrolled step on validation sequences."""
-    hits = [0.0] * tc.ttt_steps
-    counts = [0.0] * tc.ttt_steps
+def evaluate(head, seqs, tc: TrainerConfig, t2d) -> dict[str, list[float]]:
+    """Validation metrics per unrolled step: top-1 accuracy (the head's top-1 is the target's),
+    the target's mass on the head's top-1 / top-3 (the first tree level's acceptance when it
+    drafts that many children) and a perfect head's mass on the same terms."""
+    sums = [[0.0] * 6 for _ in range(tc.ttt_steps)]
     head.eval()
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=tc.bf16_autocast):
         for batch in make_batches(seqs, tc.batch_tokens, tc.max_seq_len, random.Random(0)):
             tensors = collate(batch, tc.max_seq_len, t2d)
-            _, stats = ttt_loss(ttt_forward(head, tensors, tc.ttt_steps), tensors, tc.step_decay)
-            for k, (_, acc, n) in enumerate(stats):
-                hits[k] += acc
-                counts[k] += n
+            _, stats = ttt_loss(ttt_forward(head, tensors, tc.ttt_steps), tensors, tc.step_decay,
+                                tc.objective, tc.lk_ce_weight)
+            for k, st in enumerate(stats):
+                for i, value in enumerate((st.hits, st.count, st.mass1, st.mass3, st.ceiling1, st.ceiling3)):
+                    sums[k][i] += value
     head.train()
-    return [h / max(c, 1) for h, c in zip(hits, counts)]
+    names = ("val_top1_accuracy_by_step", None, "val_mass_top1_by_step", "val_mass_top3_by_step",
+             "val_ceiling_top1_by_step", "val_ceiling_top3_by_step")
+    return {name: [s[i] / max(s[1], 1) for s in sums] for i, name in enumerate(names) if name}
 
 
-def train_head(target_model, shard_files: list[str], tc: TrainerConfig, out_dir: str,
-               state_dir: str, log=logger.info, exclude: set[str] = frozenset()) -> dict:
-    """Train (resuming from state_dir/ckpt.pt) and save the head to out_dir; returns a summary."""
-    if tc.kind != "eagle3":
-        raise ValueError(f"trainer kind {tc.kind!r} is not implemented (use eagle3)")
-    torch.set_num_threads(max(1, tc.num_threads))
+def _describe(metrics: dict[str, list[float]]) -> str:
+    return "; ".join(f"{name.removeprefix('val_').removesuffix('_by_step')} "
+                     + " ".join(f"{v:.3f}" for v in values) for name, values in metrics.items())
+
+
+def evaluate_groups(head, val: list[Sequence], tc: TrainerConfig, t2d,
+                    groups: dict[str, str]) -> dict[str, dict[str, list[float]]]:
+    """`evaluate` on the validation sequences of each group (key -> group name; keys without a
+    group are left out), e.g. answers by sampling temperature."""
+    names = sorted(set(groups.values()))
+    out = {}
+    for name in names:
+        members = [s for s in val if groups.get(s.key) == name]
+        if members:
+            out[name] = evaluate(head, members, tc, t2d) | {"sequences": len(members)}
+    return out
+
+
+def _training_sequences(shard_files: list[str], tc: TrainerConfig, exclude: set[str], log) -> list[Sequence]:
     seqs = load_sequences(shard_files, tc.max_train_tokens, tc.seed)
     if exclude:
         log(f"excluding {sum(s.key in exclude for s in seqs)} sequences (trainer.exclude_sources)")
@@ -361,6 +421,39 @@ def train_head(target_model, shard_files: list[str], tc: TrainerConfig, out_dir:
         kept = [s for s in seqs if _style_of(s.key) in (None, *tc.prompt_styles)]
         log(f"prompt styles {list(tc.prompt_styles)}: {len(kept)} of {len(seqs)} sequences")
         seqs = kept
+    return seqs
+
+
+def validate_head(target_model, shard_files: list[str], tc: TrainerConfig, head_dir: str,
+                  groups: dict[str, str], log=logger.info, exclude: set[str] = frozenset()) -> dict:
+    """A trained head's validation metrics on the split `train_head` holds out, overall and by
+    group (the same sequences a training run on these shards validates on)."""
+    torch.set_num_threads(max(1, tc.num_threads))
+    _, val = split_validation(_training_sequences(shard_files, tc, exclude, log))
+    from eagle_core.spec.draft_head import load_draft_head
+
+    head = load_draft_head(head_dir, target_model.config, target_model.get_input_embeddings(),
+                           target_model.get_output_embeddings(), torch.float32, "cpu")
+    vocab_size = target_model.config.vocab_size
+    t2d = torch.full((vocab_size,), -1, dtype=torch.long)
+    t2d[head.draft_to_target(torch.arange(head.vocab_size))] = torch.arange(head.vocab_size)
+    metrics = evaluate(head, val, tc, t2d)
+    log(f"{head_dir}: validation by step: {_describe(metrics)}")
+    by_group = evaluate_groups(head, val, tc, t2d, groups)
+    for name, m in by_group.items():
+        log(f"  {name} ({m['sequences']} sequences): {_describe({k: v for k, v in m.items() if k != 'sequences'})}")
+    return {"head": head_dir, "val_sequences": len(val), **metrics, "val_by_group": by_group}
+
+
+def train_head(target_model, shard_files: list[str], tc: TrainerConfig, out_dir: str,
+               state_dir: str, log=logger.info, exclude: set[str] = frozenset(),
+               groups: dict[str, str] | None = None) -> dict:
+    """Train (resuming from state_dir/ckpt.pt) and save the head to out_dir; returns a summary.
+    `groups` (sequence key -> group name) adds validation metrics per group to the summary."""
+    if tc.kind != "eagle3":
+        raise ValueError(f"trainer kind {tc.kind!r} is not implemented (use eagle3)")
+    torch.set_num_threads(max(1, tc.num_threads))
+    seqs = _training_sequences(shard_files, tc, exclude, log)
     train, val = split_validation(seqs)
     unique_tokens = sum(len(s) for s in train)
     if tc.response_repeat > 1:
@@ -416,14 +509,14 @@ def train_head(target_model, shard_files: list[str], tc: TrainerConfig, out_dir:
         tensors = collate(epoch_batches[offset % len(epoch_batches)], tc.max_seq_len, t2d)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=tc.bf16_autocast):
             logits = ttt_forward(head, tensors, tc.ttt_steps)
-        loss, stats = ttt_loss(logits, tensors, tc.step_decay)
+        loss, stats = ttt_loss(logits, tensors, tc.step_decay, tc.objective, tc.lk_ce_weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
         optimizer.step()
         sched.step()
         step += 1
-        running.append([s[1] / max(s[2], 1) for s in stats])
+        running.append([s.hits / max(s.count, 1) for s in stats])
         running = running[-20:]
         accs = [sum(r[k] for r in running) / len(running) for k in range(tc.ttt_steps)]
         bar.set_postfix(loss=f"{loss.item():.3f}", acc="/".join(f"{a:.2f}" for a in accs))
@@ -432,14 +525,12 @@ def train_head(target_model, shard_files: list[str], tc: TrainerConfig, out_dir:
             if step == max(1, round(fraction * total_steps)) and step < total_steps:
                 snap_dir = f"{out_dir.rstrip('/')}-at{fraction:g}"
                 if not os.path.exists(snap_dir):
-                    val_acc = evaluate_accuracy(head, val, tc, t2d) if val else []
+                    metrics = evaluate(head, val, tc, t2d) if val else {}
                     _publish_head(head, snap_dir, {
                         "kind": tc.kind, "step": step, "of_steps": total_steps,
                         "tokens_seen": int(fraction * tc.epochs * num_train_tokens),
-                        "val_top1_accuracy_by_step": val_acc,
-                        "train_wall_s": elapsed_before + time.time() - start})
-                    log(f"snapshot {snap_dir}: val accuracy by step "
-                        + " ".join(f"{a:.3f}" for a in val_acc))
+                        **metrics, "train_wall_s": elapsed_before + time.time() - start})
+                    log(f"snapshot {snap_dir}: validation by step: {_describe(metrics)}")
         if step % tc.save_every_steps == 0 or step == total_steps:
             _save_ckpt(ckpt_path, head, optimizer, sched, step, total_steps, num_train_tokens,
                        elapsed_before + time.time() - start)
@@ -447,14 +538,16 @@ def train_head(target_model, shard_files: list[str], tc: TrainerConfig, out_dir:
                 + " ".join(f"{a:.3f}" for a in accs))
     bar.close()
     wall = elapsed_before + time.time() - start
-    val_acc = evaluate_accuracy(head, val, tc, t2d) if val else []
-    log("validation top-1 accuracy by step: " + " ".join(f"{a:.3f}" for a in val_acc))
+    metrics = evaluate(head, val, tc, t2d) if val else {}
+    log(f"validation by step: {_describe(metrics)}")
+    if groups and val:
+        metrics["val_by_group"] = evaluate_groups(head, val, tc, t2d, groups)
     summary = {
         "kind": tc.kind, "steps": total_steps, "epochs": tc.epochs, "ttt_steps": tc.ttt_steps,
         "train_sequences": len(train), "train_tokens": num_train_tokens,
         "unique_train_tokens": unique_tokens, "response_repeat": tc.response_repeat,
         "val_sequences": len(val), "draft_vocab_size": len(draft_ids),
-        "draft_vocab_coverage": coverage, "val_top1_accuracy_by_step": val_acc,
+        "draft_vocab_coverage": coverage, **metrics, "objective": tc.objective,
         "train_wall_s": wall, "lr": tc.lr, "batch_tokens": tc.batch_tokens,
         "init_from": tc.init_from, "prompt_styles": tc.prompt_styles,
     }
@@ -506,10 +599,37 @@ def excluded_keys(cfg: TrainConfig) -> set[str]:
             if row["source"].startswith(tuple(cfg.trainer.exclude_sources))}
 
 
+def validation_groups(cfg: TrainConfig) -> dict[str, str]:
+    """Sequence key -> "T=<temperature>" for self-distilled answers, "fixed text" for the corpus."""
+    from eagle_core.train.common import read_jsonl
+    from eagle_core.train.corpus import corpus_path
+    from eagle_core.train.generate import load_responses
+
+    groups = {f"resp:{row['id']}": f"T={row.get('temperature', 0.0):g}" for row in load_responses(cfg)}
+    if os.path.exists(corpus_path(cfg)):
+        groups |= {f"corpus:{i}": "fixed text" for i, _ in enumerate(read_jsonl(corpus_path(cfg)))}
+    return groups
+
+
 def run_train(cfg: TrainConfig) -> dict:
     tc = cfg.trainer
     out_dir = tc.output or os.path.join(cfg.work_dir, "head")
     target = load_target(cfg).model
     name = os.path.basename(out_dir.rstrip("/"))
     return train_head(target, shard_paths(cfg), tc, out_dir, os.path.join(cfg.work_dir, "train", name),
-                      exclude=excluded_keys(cfg))
+                      exclude=excluded_keys(cfg), groups=validation_groups(cfg))
+
+
+def run_validate(cfg: TrainConfig) -> dict:
+    """Validation metrics of `trainer.output` (default <work_dir>/head), written next to the
+    work dir's other results as validation-<head name>.json."""
+    tc = cfg.trainer
+    head_dir = tc.output or os.path.join(cfg.work_dir, "head")
+    target = load_target(cfg).model
+    result = validate_head(target, shard_paths(cfg), tc, head_dir, validation_groups(cfg),
+                           exclude=excluded_keys(cfg))
+    path = os.path.join(cfg.work_dir, f"validation-{os.path.basename(head_dir.rstrip('/'))}.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+    logger.info("wrote %s", path)
+    return result

@@ -137,6 +137,24 @@ def test_training_lowers_loss_and_beats_a_random_head(tiny4_dir, tmp_path):
     print(f"tau trained {tau_trained:.2f} random {tau_random:.2f}")
     assert tau_trained > tau_random + 0.3, (tau_trained, tau_random)
 
+    # Validation metrics: the target's mass on the head's top-1 / top-3 tokens, bounded by a
+    # perfect head's; by sampling temperature too (all answers here are greedy); and the
+    # "validate" stage reproduces them from the saved head on the same held-out split.
+    mass1, mass3 = summary["val_mass_top1_by_step"][0], summary["val_mass_top3_by_step"][0]
+    assert 0 < mass1 <= mass3 <= summary["val_ceiling_top3_by_step"][0] + 1e-6
+    assert mass1 <= summary["val_ceiling_top1_by_step"][0] + 1e-6
+    assert set(summary["val_by_group"]) == {"T=0"}
+    validated = trainer_module.run_validate(cfg)
+    assert validated["val_mass_top3_by_step"] == pytest.approx(summary["val_mass_top3_by_step"], abs=0.02)
+    assert (Path(cfg.work_dir) / "validation-head.json").exists()
+
+    # The "lk" objective trains too: continued from the trained head, it keeps its acceptance.
+    lk_cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(
+        cfg.trainer, init_from=str(trained), output=str(tmp_path / "lk"), epochs=0.5, objective="lk"))
+    lk_summary, _ = train_recording_losses(lk_cfg)
+    assert lk_summary["objective"] == "lk"
+    assert lk_summary["val_mass_top1_by_step"][0] > 0.8 * mass1, (lk_summary["val_mass_top1_by_step"], mass1)
+
     # Warm start (trainer.init_from): a run continued from the trained head starts at its loss,
     # not at a fresh head's, and keeps its draft vocabulary.
     warm_cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(
