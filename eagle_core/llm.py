@@ -21,6 +21,8 @@ class CompletionOutput:
     text: str = ""
     finish_reason: str | None = None
     spec: SpecStats = field(default_factory=SpecStats)
+    token_sources: list[str] | None = None
+    """One per token of token_ids (eagle_core.batch's *_SOURCE) when SamplingParams.token_sources."""
 
 
 class LLM:
@@ -81,6 +83,8 @@ class LLM:
                 for out in self.engine.step():
                     done = by_id[out.request_id]
                     done.token_ids.extend(out.new_token_ids)
+                    if out.new_token_sources is not None:
+                        done.token_sources = (done.token_sources or []) + [t.source for t in out.new_token_sources]
                     done.text += out.new_text
                     done.spec = out.spec
                     if out.finished:

@@ -42,6 +42,11 @@ class GenerateConfig:
     first_part: int = 0
     """Part p of this prompt style is written as part number first_part + p, so that the parts
     of several styles share one responses directory (all of them are trained on)."""
+    draft: str | None = None
+    """None: the target alone writes the answers. An EAGLE head ("auto": the shipped one): the
+    answers are written with it drafting at every step (on-policy data; the text is distributed
+    as the target's all the same), and each row records which tokens the head supplied, so
+    that features.missed_weight can weigh the positions where its drafts were rejected."""
     system_prompt: str | None = None
     committed_dir: str | None = None
     """Directory of committed, gzipped response parts (part-NNNNN.jsonl.gz): parts found there are
@@ -68,6 +73,10 @@ class FeaturesConfig:
     """Target next-token distribution kept per position (top-k ids and probabilities)."""
     prompt_loss_weight: float = 0.2
     """Loss weight of prompt (user/system) positions; assistant and fixed text weigh 1."""
+    missed_weight: float = 1.0
+    """Loss weight of the answer tokens of on-policy answers (generate.draft) that the head did
+    not supply (its drafts there were rejected, or the step's tree ended); other positions
+    weigh as above."""
 
 
 @dataclass(frozen=True)

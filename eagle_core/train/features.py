@@ -75,7 +75,8 @@ def build_sequences(cfg: TrainConfig, tokenizer) -> list[dict]:
                 response = list(response) + [end_id]
             ids = (prompt_ids + list(response))[: cfg.features.max_seq_len]
             key = f"{kind}:{row['id'] if kind == 'resp' else i}"
-            seqs.append({"key": key, "ids": ids, "num_prompt": len(prompt_ids)})
+            seqs.append({"key": key, "ids": ids, "num_prompt": len(prompt_ids),
+                         "drafted": row.get("drafted")})
     return seqs
 
 
@@ -112,7 +113,7 @@ def run_features(cfg: TrainConfig) -> None:
     start = time.time()
     for batch in _batches(todo, fc.batch_tokens):
         for seq, out in zip(batch, _capture(model, batch, layer_ids, fc.top_k)):
-            pending.append(out | {"weights": _weights(seq, fc.prompt_loss_weight)})
+            pending.append(out | {"weights": _weights(seq, fc.prompt_loss_weight, fc.missed_weight)})
             pending_keys.append(seq["key"])
             pending_tokens += len(seq["ids"])
         bar.update(sum(len(s["ids"]) for s in batch))
@@ -126,11 +127,17 @@ def run_features(cfg: TrainConfig) -> None:
     logger.info("features: %d tokens in %.0f s", total, time.time() - start)
 
 
-def _weights(seq: dict, prompt_weight: float) -> torch.Tensor:
-    """Weight of predicting token t+1 at position t: prompt-internal predictions weigh less."""
+def _weights(seq: dict, prompt_weight: float, missed_weight: float = 1.0) -> torch.Tensor:
+    """Weight of predicting token t+1 at position t: prompt-internal predictions weigh less; in
+    an on-policy answer (seq["drafted"]: 1 per answer token the head supplied), a token the head
+    did not supply weighs missed_weight."""
     n = len(seq["ids"])
     w = torch.ones(n, dtype=torch.float16)
     w[: max(0, seq["num_prompt"] - 1)] = prompt_weight
+    if seq.get("drafted") is not None and missed_weight != 1.0:
+        start = seq["num_prompt"] - 1  # position predicting the answer's first token
+        drafted = torch.tensor(seq["drafted"][: max(0, n - 1 - start)], dtype=torch.bool)
+        w[start : start + len(drafted)][~drafted] = missed_weight
     w[-1] = 0  # nothing follows the last token
     return w
 

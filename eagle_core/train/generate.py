@@ -7,11 +7,13 @@ accumulates when `max_prompts` is raised.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import logging
 import os
 import time
 
+from eagle_core.batch import HEAD_SOURCE
 from eagle_core.train.common import read_jsonl, write_jsonl
 from eagle_core.train.config import TrainConfig
 from eagle_core.train.prompts import make_prompts
@@ -108,11 +110,18 @@ def run_generate(cfg: TrainConfig) -> None:
     logger.info("generate: %d parts of %d prompts, %d to do", len(parts), gen.part_size, len(todo))
     if not todo:
         return
-    # Plain decoding: the target alone writes the data (a draft head would only cost time here).
-    llm = LLM(model=cfg.model, dtype=cfg.dtype, config=_generation_config(cfg), draft=None)
+    # Plain decoding unless on-policy answers are asked for: the target alone writes the same
+    # text distribution, and a head would only cost time.
+    config = _generation_config(cfg)
+    if gen.draft is not None:
+        # every step drafts with the head alone, so each answer token is the head's or a miss
+        config = dataclasses.replace(config, spec=dataclasses.replace(
+            config.spec, draft=gen.draft, max_batch=0, lookup_tokens=0))
+    llm = LLM(model=cfg.model, dtype=cfg.dtype, config=config, draft=gen.draft or None)
     for p in todo:
         temperature = gen.temperatures[p % len(gen.temperatures)]
-        params = SamplingParams(temperature=temperature, max_tokens=gen.max_tokens, seed=p)
+        params = SamplingParams(temperature=temperature, max_tokens=gen.max_tokens, seed=p,
+                                token_sources=gen.draft is not None)
         start = time.time()
         outs = llm.chat([conversation(cfg, row["prompt"]) for row in parts[p]], params, use_tqdm=True)
         rows = [
@@ -126,6 +135,8 @@ def run_generate(cfg: TrainConfig) -> None:
                 "token_ids": list(out.token_ids),
                 "finish_reason": out.finish_reason,
             }
+            | ({"drafted": [int(src == HEAD_SOURCE) for src in out.token_sources or []]}
+               if gen.draft is not None else {})
             for row, out in zip(parts[p], outs)
         ]
         write_jsonl(_part_path(out_dir, gen.first_part + p), rows)

@@ -25,7 +25,7 @@ from eagle_core.spec.draft_head import (
 from eagle_core.train import trainer as trainer_module
 from eagle_core.train.config import TrainConfig, load_config
 from eagle_core.train.features import run_features, shard_paths
-from eagle_core.train.generate import run_generate, run_prompts
+from eagle_core.train.generate import load_responses, run_generate, run_prompts
 from tests.models import make_tiny_tokenizer, tiny_config
 
 SPEC = SpecConfig(num_draft_tokens=8, depth=4, top_k=2, max_batch=0)
@@ -147,6 +147,22 @@ def test_training_lowers_loss_and_beats_a_random_head(tiny4_dir, tmp_path):
     validated = trainer_module.run_validate(cfg)
     assert validated["val_mass_top3_by_step"] == pytest.approx(summary["val_mass_top3_by_step"], abs=0.02)
     assert (Path(cfg.work_dir) / "validation-head.json").exists()
+
+    # On-policy answers (generate.draft): written with the trained head drafting every step,
+    # each row says which tokens the head supplied, and features.missed_weight weighs the others.
+    policy_cfg = dataclasses.replace(
+        cfg, work_dir=str(tmp_path / "on-policy"),
+        generate=dataclasses.replace(cfg.generate, draft=str(trained), max_prompts=24, part_size=24),
+        features=dataclasses.replace(cfg.features, missed_weight=3.0))
+    run_prompts(policy_cfg)
+    run_generate(policy_cfg)
+    answers = load_responses(policy_cfg)
+    assert len(answers) == 24 and all(len(r["drafted"]) == r["num_tokens"] for r in answers)
+    supplied = sum(sum(r["drafted"]) for r in answers)
+    assert 0 < supplied < sum(r["num_tokens"] for r in answers), supplied
+    run_features(policy_cfg)
+    weights = torch.cat([load_file(p)["weights"] for p in shard_paths(policy_cfg)])
+    assert (weights == 3.0).any() and (weights == 1.0).any()
 
     # The "lk" objective trains too: continued from the trained head, it keeps its acceptance.
     lk_cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(

@@ -85,3 +85,17 @@ def test_config_rejects_unknown_objectives_and_negative_weights():
         TrainerConfig(objective="kl")
     with pytest.raises(ValueError, match="lk_ce_weight"):
         TrainerConfig(objective="lk", lk_ce_weight=-1)
+
+
+def test_on_policy_answers_weigh_the_tokens_the_head_did_not_supply():
+    from eagle_core.train.features import _weights
+
+    # 3 prompt tokens, 4 answer tokens of which the head supplied the 2nd and 3rd, then the end
+    seq = {"ids": list(range(8)), "num_prompt": 3, "drafted": [0, 1, 1, 0]}
+    w = _weights(seq, prompt_weight=0.2, missed_weight=3.0).tolist()
+    # position t predicts token t+1: 0-1 inside the prompt; 2-5 the answer; 6 the end; 7 nothing
+    assert w == pytest.approx([0.2, 0.2, 3.0, 1.0, 1.0, 3.0, 1.0, 0.0], abs=1e-3)
+    plain = {"ids": list(range(8)), "num_prompt": 3, "drafted": None}
+    assert _weights(plain, 0.2, 3.0).tolist() == pytest.approx([0.2, 0.2, 1, 1, 1, 1, 1, 0], abs=1e-3)
+    truncated = {"ids": list(range(5)), "num_prompt": 3, "drafted": [0, 1, 1, 0]}
+    assert _weights(truncated, 0.2, 3.0).tolist() == pytest.approx([0.2, 0.2, 3.0, 1.0, 0.0], abs=1e-3)
