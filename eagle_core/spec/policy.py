@@ -62,8 +62,11 @@ from eagle_core.batch import ScheduledBatch, StepResult
 logger = logging.getLogger(__name__)
 
 COST_RATE = 0.1
-"""Weight of one observed step in the cost tables' moving averages; one observation moves a cost
-point by a factor 1 + COST_RATE at most (`CostTable.observe`)."""
+"""Weight of one observed step in the cost tables' moving averages, once a point has been
+observed 1 / COST_RATE - 2 times: before that a point is the running mean of its start-up value
+(counted as one observation) and its observations, so a start-up measurement disturbed by
+another process is soon replaced. One observation moves a point by a factor 1 + its rate at most
+(`CostTable.observe`)."""
 MIN_MOVE = 1e-4
 """Seconds: a cost point below this moves as if it were this large (a point measured as ~0 can
 still grow)."""
@@ -118,6 +121,8 @@ class CostTable:
             raise ValueError("a cost table needs at least one point")
         self.xs = sorted(points)
         self.ys = [max(points[x], MIN_COST) for x in self.xs]
+        self.seen = [0.0] * len(self.xs)
+        """Per point, the observations that have moved it (weighted by their share of it)."""
         self._monotone()
 
     def __call__(self, n: float) -> float:
@@ -128,10 +133,11 @@ class CostTable:
 
     def observe(self, n: float, seconds: float, rate: float = COST_RATE) -> None:
         """Move the points around n toward an observed value at n, in proportion to how much
-        each contributes to the value there, each by at most a factor 1 + rate (`_move`); the
+        each contributes to the value there, each by at most a factor 1 + its rate (`_move`); the
         points past them keep their ratio to the nearer one (what made this count dearer, longer
         contexts say, makes larger counts dearer too, and a point rarely observed must not fall
-        below a smaller count's).
+        below a smaller count's). A point's rate is `rate`, or 1 / (observations + 2) while that
+        is larger: its first observations weigh like its start-up value (`COST_RATE`).
 
         The bound makes a point a moving median of what it is observed to cost, and keeps one
         outlier step (a pause of the process) from moving any point far: a draft table's first
@@ -146,18 +152,22 @@ class CostTable:
         before = self.ys[hi]
         if lo == hi:
             scale = 1.0 if n <= self.xs[hi] else self.xs[hi] / n  # a far point says less
-            self._move(hi, rate * scale * residual, rate)
+            self._move(hi, scale * residual, rate, scale)
         else:
-            self._move(lo, rate * w_lo * residual, rate)
-            self._move(hi, rate * w_hi * residual, rate)
-        ratio = max(self.ys[hi], MIN_MOVE) / max(before, MIN_MOVE)  # within 1 + rate either way
+            self._move(lo, w_lo * residual, rate, w_lo)
+            self._move(hi, w_hi * residual, rate, w_hi)
+        ratio = max(self.ys[hi], MIN_MOVE) / max(before, MIN_MOVE)  # within 1 + its rate either way
         for j in range(hi + 1, len(self.ys)):
             self.ys[j] *= ratio
         self._monotone(anchor=hi)
 
-    def _move(self, i: int, change: float, rate: float) -> None:
-        """ys[i] + change, within a factor 1 + rate of ys[i] (of MIN_MOVE, additively, below
-        it): the same factor up and down, so a point settles at its observations' median."""
+    def _move(self, i: int, residual: float, rate: float, share: float) -> None:
+        """ys[i] + its rate x residual, within a factor 1 + its rate of ys[i] (of MIN_MOVE,
+        additively, below it): the same factor up and down, so a point settles at its
+        observations' median. `share`: how much of the observation is this point's."""
+        rate = max(rate, 1.0 / (self.seen[i] + 2))
+        self.seen[i] += share
+        change = rate * residual
         y = self.ys[i]
         if y >= MIN_MOVE:
             self.ys[i] = min(max(y + change, y / (1 + rate)), y * (1 + rate))
@@ -176,6 +186,7 @@ class CostTable:
         else:
             self.xs.insert(i, x)
             self.ys.insert(i, max(seconds, MIN_COST))
+            self.seen.insert(i, 0.0)
         self._monotone()
 
     def _monotone(self, anchor: int = 0) -> None:

@@ -481,12 +481,33 @@ def test_a_point_near_the_floor_does_not_ratchet_the_points_past_it():
 @pytest.mark.parametrize("outlier", [10.0, -10.0])
 def test_one_outlier_step_moves_no_point_by_more_than_the_rate(outlier):
     """A step stalled by a pause of the process (or timed across a clock hiccup) is one
-    observation: no point, observed or past it, moves by more than a factor 1 + COST_RATE."""
+    observation: once the point has been observed as often as its rate needs, no point,
+    observed or past it, moves by more than a factor 1 + COST_RATE; before that, by at most
+    1 + 1 / (observations + 2)."""
     points = {1: 0.018, 2: 0.020, 4: 0.021, 8: 0.026, 16: 0.041, 32: 0.055}
     table = CostTable(points)
     table.observe(1, outlier)
     for x, before in points.items():
+        assert before / 1.5 - 1e-12 <= table(x) <= before * 1.5 + 1e-12
+    table = CostTable(points)
+    for _ in range(round(1 / COST_RATE) - 2):
+        table.observe(1, points[1])
+    table.observe(1, outlier)
+    for x, before in points.items():
         assert before / (1 + COST_RATE) - 1e-12 <= table(x) <= before * (1 + COST_RATE) + 1e-12
+
+
+def test_a_disturbed_start_up_point_is_soon_replaced_by_what_steps_cost():
+    """Start-up measured drafting at 14x its cost (another process ran meanwhile): a point's
+    first observations weigh like its start-up value, so a few of them bring it near the truth,
+    where COST_RATE's steady moves alone would take nearly twice as many."""
+    table = CostTable({1: 0.0627, 4: 0.070})
+    steady = 0.0627
+    for _ in range(10):
+        table.observe(1, 0.0044)
+        steady = max(steady + COST_RATE * (0.0044 - steady), steady / (1 + COST_RATE))
+    assert table(1) < 0.012 and steady > 0.024
+    assert table(4) == pytest.approx(0.070 * table(1) / 0.0627)  # the point past it followed
 
 
 def test_more_never_costs_less():
