@@ -17,10 +17,12 @@ It is chosen by `trainer.objective`:
            probabilities in the draft vocabulary, not renormalised, so the mass the head cannot
            reach stays out of reach), plus `lk_ce_weight` x soft_ce, which keeps a gradient on
            positions where the head's q and p do not overlap yet.
-Both measure the same quantity on validation: the target's mass on the head's top-1 and top-3
-tokens, which is the probability that a tree's first level is accepted when its children are
-the head's top-k (verification accepts a deterministic child with its target probability). The draft vocabulary is the `draft_vocab_size` most frequent
-target top-1 tokens of the training data. Training resumes from `<work_dir>/train/ckpt.pt`.
+Validation measures both on the same terms: the target's mass on the head's top-1 and top-3
+tokens, the probability that a tree's first level is accepted when its children are the head's
+top-k (verification accepts a drafted child with its target probability).
+
+The draft vocabulary is the `draft_vocab_size` most frequent target top-1 tokens of the training
+data. Training resumes from `<work_dir>/train/ckpt.pt`.
 """
 
 from __future__ import annotations
@@ -43,7 +45,12 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from eagle_core.spec.draft_head import Eagle3Head, draft_config_from_target, save_draft_head
+from eagle_core.spec.draft_head import (
+    Eagle3Head,
+    draft_config_from_target,
+    load_draft_head,
+    save_draft_head,
+)
 from eagle_core.train.config import TrainConfig, TrainerConfig
 from eagle_core.train.features import load_target, shard_paths
 from eagle_core.train.prompts import prompt_style
@@ -230,7 +237,9 @@ def ttt_forward(head: Eagle3Head, batch: dict[str, torch.Tensor], steps: int):
 
 
 class StepStats(NamedTuple):
-    """Sums over one unrolled step's positions of weight > 0.5 (prompt positions excluded)."""
+    """Sums over one unrolled step's positions of weight > 0.5 (prompt positions excluded). The
+    target's probabilities are the captured top-k: a token outside them counts 0, so the masses
+    are lower bounds (by the target's probability beyond its top-k, small at k = 8)."""
 
     loss: float  # the step's weighted mean loss (not a sum)
     hits: float  # head's top-1 == target's top-1
@@ -308,8 +317,6 @@ def build_head(target_model, tc: TrainerConfig, draft_ids: torch.Tensor) -> Eagl
 def load_head_for_training(target_model, path: str, num_layers: int = 1, seed: int = 0) -> Eagle3Head:
     """Warm start (`trainer.init_from`): an earlier head, validated against the target, in float32,
     grown to `num_layers` decoder layers if it has fewer (see `grow_head`)."""
-    from eagle_core.spec.draft_head import load_draft_head
-
     head = load_draft_head(path, target_model.config, target_model.get_input_embeddings(),
                            target_model.get_output_embeddings(), torch.float32, "cpu")
     if not isinstance(head, Eagle3Head):
@@ -430,8 +437,6 @@ def validate_head(target_model, shard_files: list[str], tc: TrainerConfig, head_
     group (the same sequences a training run on these shards validates on)."""
     torch.set_num_threads(max(1, tc.num_threads))
     _, val = split_validation(_training_sequences(shard_files, tc, exclude, log))
-    from eagle_core.spec.draft_head import load_draft_head
-
     head = load_draft_head(head_dir, target_model.config, target_model.get_input_embeddings(),
                            target_model.get_output_embeddings(), torch.float32, "cpu")
     vocab_size = target_model.config.vocab_size
