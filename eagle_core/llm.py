@@ -84,7 +84,9 @@ class LLM:
                     done = by_id[out.request_id]
                     done.token_ids.extend(out.new_token_ids)
                     if out.new_token_sources is not None:
-                        done.token_sources = (done.token_sources or []) + [t.source for t in out.new_token_sources]
+                        if done.token_sources is None:
+                            done.token_sources = []
+                        done.token_sources.extend(t.source for t in out.new_token_sources)
                     done.text += out.new_text
                     done.spec = out.spec
                     if out.finished:

@@ -115,9 +115,8 @@ def run_generate(cfg: TrainConfig) -> None:
     config = _generation_config(cfg)
     if gen.draft is not None:
         # every step drafts with the head alone, so each answer token is the head's or a miss
-        config = dataclasses.replace(config, spec=dataclasses.replace(
-            config.spec, draft=gen.draft, max_batch=0, lookup_tokens=0))
-    llm = LLM(model=cfg.model, dtype=cfg.dtype, config=config, draft=gen.draft or None)
+        config = dataclasses.replace(config, spec=dataclasses.replace(config.spec, max_batch=0, lookup_tokens=0))
+    llm = LLM(model=cfg.model, dtype=cfg.dtype, config=config, draft=gen.draft)
     for p in todo:
         temperature = gen.temperatures[p % len(gen.temperatures)]
         params = SamplingParams(temperature=temperature, max_tokens=gen.max_tokens, seed=p,
