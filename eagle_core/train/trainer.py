@@ -381,11 +381,15 @@ def grow_draft_vocab(head: Eagle3Head, target_model, counts: torch.Tensor, size:
     return grown
 
 
-def evaluate(head, seqs, tc: TrainerConfig, t2d) -> dict[str, list[float]]:
-    """Validation metrics per unrolled step: top-1 accuracy (the head's top-1 is the target's),
-    the target's mass on the head's top-1 / top-3 (the first tree level's acceptance when it
-    drafts that many children) and a perfect head's mass on the same terms."""
-    sums = [[0.0] * 6 for _ in range(tc.ttt_steps)]
+_SUMMED = ("hits", "count", "mass1", "mass3", "ceiling1", "ceiling3")
+_METRICS = {"val_top1_accuracy_by_step": "hits", "val_mass_top1_by_step": "mass1",
+            "val_mass_top3_by_step": "mass3", "val_ceiling_top1_by_step": "ceiling1",
+            "val_ceiling_top3_by_step": "ceiling3"}
+
+
+def _sums(head, seqs, tc: TrainerConfig, t2d) -> list[dict[str, float]]:
+    """Per unrolled step, StepStats' sums (`_SUMMED`) over the sequences."""
+    sums = [dict.fromkeys(_SUMMED, 0.0) for _ in range(tc.ttt_steps)]
     head.eval()
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=tc.bf16_autocast):
         for batch in make_batches(seqs, tc.batch_tokens, tc.max_seq_len, random.Random(0)):
@@ -393,30 +397,48 @@ def evaluate(head, seqs, tc: TrainerConfig, t2d) -> dict[str, list[float]]:
             _, stats = ttt_loss(ttt_forward(head, tensors, tc.ttt_steps), tensors, tc.step_decay,
                                 tc.objective, tc.lk_ce_weight)
             for k, st in enumerate(stats):
-                for i, value in enumerate((st.hits, st.count, st.mass1, st.mass3, st.ceiling1, st.ceiling3)):
-                    sums[k][i] += value
+                for name in _SUMMED:
+                    sums[k][name] += getattr(st, name)
     head.train()
-    names = ("val_top1_accuracy_by_step", None, "val_mass_top1_by_step", "val_mass_top3_by_step",
-             "val_ceiling_top1_by_step", "val_ceiling_top3_by_step")
-    return {name: [s[i] / max(s[1], 1) for s in sums] for i, name in enumerate(names) if name}
+    return sums
 
 
-def _describe(metrics: dict[str, list[float]]) -> str:
-    return "; ".join(f"{name.removeprefix('val_').removesuffix('_by_step')} "
-                     + " ".join(f"{v:.3f}" for v in values) for name, values in metrics.items())
+def _metrics(sums: list[dict[str, float]]) -> dict[str, list[float]]:
+    """Validation metrics per unrolled step: top-1 accuracy (the head's top-1 is the target's),
+    the target's mass on the head's top-1 / top-3 (the first tree level's acceptance when it
+    drafts that many children) and a perfect head's mass on the same terms."""
+    return {metric: [s[name] / max(s["count"], 1) for s in sums] for metric, name in _METRICS.items()}
 
 
-def evaluate_groups(head, val: list[Sequence], tc: TrainerConfig, t2d,
-                    groups: dict[str, str]) -> dict[str, dict[str, list[float]]]:
-    """`evaluate` on the validation sequences of each group (key -> group name; keys without a
-    group are left out), e.g. answers by sampling temperature."""
-    names = sorted(set(groups.values()))
-    out = {}
-    for name in names:
-        members = [s for s in val if groups.get(s.key) == name]
-        if members:
-            out[name] = evaluate(head, members, tc, t2d) | {"sequences": len(members)}
+def evaluate(head, seqs, tc: TrainerConfig, t2d,
+             groups: dict[str, str] | None = None) -> dict:
+    """`_metrics` over the sequences, plus "val_by_group" (with `groups`, key -> group name): the
+    same per group, e.g. answers by sampling temperature, each sequence scored once (the overall
+    figures are the groups' sums plus the ungrouped sequences')."""
+    members: dict[str | None, list[Sequence]] = {}
+    for seq in seqs:
+        members.setdefault((groups or {}).get(seq.key), []).append(seq)
+    by_group = {name: _sums(head, group, tc, t2d) for name, group in members.items()}
+    total = [{name: sum(g[k][name] for g in by_group.values()) for name in _SUMMED}
+             for k in range(tc.ttt_steps)]
+    out: dict = _metrics(total)
+    if groups:
+        out["val_by_group"] = {name: _metrics(by_group[name]) | {"sequences": len(members[name])}
+                               for name in sorted(n for n in by_group if n is not None)}
     return out
+
+
+def _describe(metrics: dict) -> str:
+    return "; ".join(f"{name.removeprefix('val_').removesuffix('_by_step')} "
+                     + " ".join(f"{v:.3f}" for v in values)
+                     for name, values in metrics.items() if name in _METRICS)
+
+
+def target_to_draft(vocab_size: int, draft_ids: torch.Tensor) -> torch.Tensor:
+    """[vocab_size] draft id of each target id (-1: outside the draft vocabulary)."""
+    t2d = torch.full((vocab_size,), -1, dtype=torch.long)
+    t2d[draft_ids] = torch.arange(len(draft_ids))
+    return t2d
 
 
 def _training_sequences(shard_files: list[str], tc: TrainerConfig, exclude: set[str], log) -> list[Sequence]:
@@ -439,15 +461,12 @@ def validate_head(target_model, shard_files: list[str], tc: TrainerConfig, head_
     _, val = split_validation(_training_sequences(shard_files, tc, exclude, log))
     head = load_draft_head(head_dir, target_model.config, target_model.get_input_embeddings(),
                            target_model.get_output_embeddings(), torch.float32, "cpu")
-    vocab_size = target_model.config.vocab_size
-    t2d = torch.full((vocab_size,), -1, dtype=torch.long)
-    t2d[head.draft_to_target(torch.arange(head.vocab_size))] = torch.arange(head.vocab_size)
-    metrics = evaluate(head, val, tc, t2d)
+    t2d = target_to_draft(target_model.config.vocab_size, head.draft_to_target(torch.arange(head.vocab_size)))
+    metrics = evaluate(head, val, tc, t2d, groups)
     log(f"{head_dir}: validation by step: {_describe(metrics)}")
-    by_group = evaluate_groups(head, val, tc, t2d, groups)
-    for name, m in by_group.items():
-        log(f"  {name} ({m['sequences']} sequences): {_describe({k: v for k, v in m.items() if k != 'sequences'})}")
-    return {"head": head_dir, "val_sequences": len(val), **metrics, "val_by_group": by_group}
+    for name, m in metrics.get("val_by_group", {}).items():
+        log(f"  {name} ({m['sequences']} sequences): {_describe(m)}")
+    return {"head": head_dir, "val_sequences": len(val), **metrics}
 
 
 def train_head(target_model, shard_files: list[str], tc: TrainerConfig, out_dir: str,
@@ -479,8 +498,7 @@ def train_head(target_model, shard_files: list[str], tc: TrainerConfig, out_dir:
     num_train_tokens = sum(len(s) for s in train)
     log(f"train: {len(train)} sequences / {num_train_tokens} tokens, val {len(val)}; "
         f"draft vocab {len(draft_ids)} covers {coverage:.1%} of target top-1")
-    t2d = torch.full((vocab_size,), -1, dtype=torch.long)
-    t2d[draft_ids] = torch.arange(len(draft_ids))
+    t2d = target_to_draft(vocab_size, draft_ids)
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=(0.9, 0.95), weight_decay=tc.weight_decay)
     steps_per_epoch = len(make_batches(train, tc.batch_tokens, tc.max_seq_len, random.Random(0)))
@@ -543,10 +561,8 @@ def train_head(target_model, shard_files: list[str], tc: TrainerConfig, out_dir:
                 + " ".join(f"{a:.3f}" for a in accs))
     bar.close()
     wall = elapsed_before + time.time() - start
-    metrics = evaluate(head, val, tc, t2d) if val else {}
+    metrics = evaluate(head, val, tc, t2d, groups) if val else {}
     log(f"validation by step: {_describe(metrics)}")
-    if groups and val:
-        metrics["val_by_group"] = evaluate_groups(head, val, tc, t2d, groups)
     summary = {
         "kind": tc.kind, "steps": total_steps, "epochs": tc.epochs, "ttt_steps": tc.ttt_steps,
         "train_sequences": len(train), "train_tokens": num_train_tokens,
