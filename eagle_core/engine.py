@@ -115,6 +115,7 @@ class Engine:
             num_lookup_slots=self.worker.num_lookup_slots,
             max_lookup_batch=spec.lookup_max_batch if spec.lookup_max_batch is not None else spec.max_batch or 0,
             policy=self.policy,
+            draft_resumes=self.worker.draft_resumes,
         )
         self.eos_token_ids = self._eos_ids()
         self._tracked: dict[str, _Tracked] = {}

@@ -26,6 +26,7 @@ Every decoding sequence of a step is part of the same worker call, i.e. one targ
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from eagle_core.batch import ScheduledBatch, SeqWork, StepResult
 from eagle_core.config import SchedulerConfig
@@ -44,6 +45,7 @@ class Scheduler:
         num_lookup_slots: int = 0,
         max_lookup_batch: int = 0,
         policy: SpeculationPolicy | None = None,
+        draft_resumes: Callable[[int, bytes, int], bool] | None = None,
     ):
         self.config = config
         self.blocks = block_manager
@@ -60,6 +62,10 @@ class Scheduler:
         self.policy = policy
         """Chooses each step which decoding sequences draft (then max_spec_batch is unused), and
         which may verify a lookup chain alone unless the policy leaves that to max_lookup_batch."""
+        self.draft_resumes = draft_resumes
+        """(cached block, its key, the token after it) -> whether the draft head's entries in that
+        block are those of a sequence with this content (Drafter.resumes): a request starting
+        past the block can take them over. None without a draft head."""
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -218,17 +224,33 @@ class Scheduler:
     def _cache_hits(self, request: Request) -> list[int]:
         """The cached blocks `request` (holding no blocks) can start from: the longest run of its
         leading full blocks found in the prefix cache, short of its last token, which is always
-        computed (its logits give the next token), and short of the last block found when the
-        engine drafts."""
+        computed (its logits give the next token).
+
+        With a draft head, one block less where that block is what keeps the head from its cached
+        context: the head's entries of a block end with the next block's first token, so a
+        sequence can take over the hit's draft entries only up to a block whose entries were
+        committed with its own next token (Drafter.state). Where the last hit block's were not
+        but the one before it's were (a conversation whose previous turn ended before the head
+        was fed its last block), computing the last block again gives the head the target's
+        features there and keeps the whole cached context. Otherwise the hit is whole: either
+        the head resumes past it, or it has nothing cached to resume and the recomputed block
+        would give it one block's context for a prefill of as many tokens (with a chat template's
+        shared system prompt, in every request)."""
         usable = (request.num_tokens - 1) // self.blocks.block_size
         if not self.blocks.caching or usable == 0:
             return []
-        hits = self.blocks.match(request.block_keys(usable, self.blocks.block_size))
-        # With a draft head the last hit block is computed again: the head's entries of a block
-        # end with the next block's first token, so a new draft context can take over cached
-        # entries only up to a block whose next token is known to be this request's own, and
-        # it needs the target's features of the positions it resumes at (Drafter.state).
-        return hits[:-1] if self.num_draft_slots else hits
+        keys = request.block_keys(usable, self.blocks.block_size)
+        hits = self.blocks.match(keys)
+        if self.draft_resumes is not None and len(hits) >= 2:
+            last, before = len(hits) - 1, len(hits) - 2
+            if not self._draft_resumes(request, hits, keys, last) and self._draft_resumes(request, hits, keys, before):
+                return hits[:-1]
+        return hits
+
+    def _draft_resumes(self, request: Request, hits: list[int], keys: list[bytes], index: int) -> bool:
+        """Whether the draft entries of hit block `index` are `request`'s own (draft_resumes)."""
+        after = (index + 1) * self.blocks.block_size
+        return self.draft_resumes(hits[index], keys[index], request.token_slice(after, after + 1)[0])
 
     def _add_lookup_slots(self, work: list[SeqWork], budget: int, lookup_alone: frozenset[str]) -> None:
         """Give decode steps context-lookup slots from the `budget` tokens nothing else took;

@@ -157,12 +157,17 @@ class Drafter:
             assert start % self.block_size == 0, "a draft context starts at a block boundary"
             block = start // self.block_size
             while block > 0 and (content := self._content(work, block - 1)) is not None:
-                if self.committed.get(work.block_table[block - 1]) != content:
+                if not self.resumes(work.block_table[block - 1], *content):
                     break
                 block -= 1
             state = DraftState(work.num_preemptions, origin=block * self.block_size, draft_len=start, pending_start=start)
             self.states[work.request_id] = state
         return state
+
+    def resumes(self, block: int, key: bytes, next_token: int) -> bool:
+        """Whether `block`'s draft entries were committed in full for content `key` followed by
+        `next_token`: a sequence with that content and next token can take them over (`state`)."""
+        return self.committed.get(block) == (key, next_token)
 
     def track(self, works: list[SeqWork]) -> None:
         """Make sure every work's request has a valid state (`state`) before its features are

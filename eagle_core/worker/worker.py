@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -105,8 +106,12 @@ class Worker:
         """Context-lookup tokens per decoding sequence per step, on top of the tree."""
         self.draft_weights: str | None = None
         """"int8" or the model dtype's name once a draft head is loaded (eagle_model_info)."""
+        self.draft_resumes: Callable[[int, bytes, int], bool] | None = None
+        """Drafter.resumes with a draft head: whether a cached block's draft entries can be taken
+        over (the scheduler's prefix-cache hits ask)."""
         if self.draft_head is not None:
             self.runner = self._spec_runner()
+            self.draft_resumes = self.runner.drafter.resumes
         else:
             self.runner = PlainRunner(self.target, self.sampler)
         logger.info(
