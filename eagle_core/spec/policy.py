@@ -116,14 +116,19 @@ class CostTable:
     (constant with one point). More never costs less: the points are kept non-decreasing, so a
     noisy measurement cannot make extra rows look free."""
 
-    def __init__(self, points: dict[int, float]):
+    def __init__(self, points: dict[int, float], carry_rises: bool = True):
         if not points:
             raise ValueError("a cost table needs at least one point")
+        self.carry_rises = carry_rises
+        """Whether the points past an observed point follow all its moves, or only those below
+        its start-up value (see `observe`)."""
         self.xs = sorted(points)
         self.ys = [max(points[x], MIN_COST) for x in self.xs]
         self.seen = [0.0] * len(self.xs)
         """Per point, the observations that have moved it (weighted by their share of it)."""
         self._monotone()
+        self.start = list(self.ys)
+        """Per point, its start-up value (see `carry_rises`)."""
 
     def __call__(self, n: float) -> float:
         (lo, hi), (w_lo, w_hi) = self._bracket(n)
@@ -138,6 +143,15 @@ class CostTable:
         contexts say, makes larger counts dearer too, and a point rarely observed must not fall
         below a smaller count's). A point's rate is `rate`, or 1 / (observations + 2) while that
         is larger: its first observations weigh like its start-up value (`COST_RATE`).
+
+        Without `carry_rises`, the points past follow the observed point's moves below its
+        start-up value only: what it is worth under that value is taken as shared, what it is
+        worth above as its own. That is for tables whose start-up points are differences of
+        measured steps (the draft forwards'): one that noise made low at start-up rises to its
+        truth alone, which says nothing of the others (an overpriced point may never be chosen,
+        and so never observed: a level point carried up by its smaller neighbour's rise kept any
+        two sequences from drafting), while one a disturbed start-up made high falls, and so
+        does every point that the disturbance made high with it.
 
         The bound makes a point a moving median of what it is observed to cost, and keeps one
         outlier step (a pause of the process) from moving any point far: a draft table's first
@@ -156,7 +170,8 @@ class CostTable:
         else:
             self._move(lo, w_lo * residual, rate, w_lo)
             self._move(hi, w_hi * residual, rate, w_hi)
-        ratio = max(self.ys[hi], MIN_MOVE) / max(before, MIN_MOVE)  # within 1 + its rate either way
+        ceiling = math.inf if self.carry_rises else self.start[hi]
+        ratio = min(max(self.ys[hi], MIN_MOVE), ceiling) / min(max(before, MIN_MOVE), ceiling)  # within 1 + its rate
         for j in range(hi + 1, len(self.ys)):
             self.ys[j] *= ratio
         self._monotone(anchor=hi)
@@ -188,6 +203,7 @@ class CostTable:
             self.ys.insert(i, max(seconds, MIN_COST))
             self.seen.insert(i, 0.0)
         self._monotone()
+        self.start = list(self.ys)
 
     def _monotone(self, anchor: int = 0) -> None:
         """Make the points non-decreasing around the point at `anchor` (the one just observed):
@@ -224,10 +240,10 @@ class StepCosts:
         self.plain = CostTable(plain)
         """Target rows (decode tokens and tree nodes) -> seconds of a step's target forward,
         sampling and verification; exactly a step's seconds where nobody drafts."""
-        self.draft = CostTable(draft)
+        self.draft = CostTable(draft, carry_rises=False)
         """Drafting sequences -> seconds drafting trees of one draft forward adds to their step
         (the catch-up forward, tree selection and bookkeeping)."""
-        self.level = CostTable(level or {1: 0.0})
+        self.level = CostTable(level or {1: 0.0}, carry_rises=False)
         """Drafting sequences -> seconds of each further draft forward (tree level)."""
         self.feed = max(feed, 0.0)
         """Seconds per owed draft entry fed before drafting."""

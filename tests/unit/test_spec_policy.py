@@ -497,17 +497,46 @@ def test_one_outlier_step_moves_no_point_by_more_than_the_rate(outlier):
         assert before / (1 + COST_RATE) - 1e-12 <= table(x) <= before * (1 + COST_RATE) + 1e-12
 
 
-def test_a_disturbed_start_up_point_is_soon_replaced_by_what_steps_cost():
+@pytest.mark.parametrize("carry_rises", [True, False])
+def test_a_disturbed_start_up_point_is_soon_replaced_by_what_steps_cost(carry_rises):
     """Start-up measured drafting at 14x its cost (another process ran meanwhile): a point's
     first observations weigh like its start-up value, so a few of them bring it near the truth,
-    where COST_RATE's steady moves alone would take nearly twice as many."""
-    table = CostTable({1: 0.0627, 4: 0.070})
+    where COST_RATE's steady moves alone would take nearly twice as many. The points past it,
+    disturbed alike, follow its fall in either kind of table."""
+    table = CostTable({1: 0.0627, 4: 0.070}, carry_rises=carry_rises)
     steady = 0.0627
     for _ in range(10):
         table.observe(1, 0.0044)
         steady = max(steady + COST_RATE * (0.0044 - steady), steady / (1 + COST_RATE))
     assert table(1) < 0.012 and steady > 0.024
     assert table(4) == pytest.approx(0.070 * table(1) / 0.0627)  # the point past it followed
+
+
+def test_a_draft_point_start_up_measured_low_rises_alone():
+    """A draft table's point is a difference of measured steps: one that noise made low at
+    start-up rises to its truth without lifting the larger counts (which, priced too high, would
+    never be chosen and so never corrected); its moves below the start-up value still carry."""
+    table = CostTable({1: 0.00053, 2: 0.00315, 16: 0.009}, carry_rises=False)
+    for _ in range(300):
+        table.observe(1, 0.0022)
+    assert table(1) == pytest.approx(0.0022, rel=1e-3)
+    assert table(2) == 0.00315 and table(16) == 0.009
+    for _ in range(300):
+        table.observe(1, 0.00053 / 2)  # now half its start-up value: the larger counts follow
+    assert table(2) == pytest.approx(0.00315 / 2, rel=1e-2) and table(16) == pytest.approx(0.009 / 2, rel=1e-2)
+    carried = CostTable({1: 0.00053, 2: 0.00315, 16: 0.009})  # a plain table's points follow every move
+    for _ in range(300):
+        carried.observe(1, 0.0022)
+    assert carried(2) == pytest.approx(0.00315 * 0.0022 / 0.00053, rel=1e-2)
+
+
+def test_only_the_plain_table_carries_rises_to_larger_counts():
+    c = costs()
+    assert c.plain.carry_rises and not c.draft.carry_rises and not c.level.carry_rises
+    for _ in range(300):  # one sequence drafting full trees, dearer than start-up priced it
+        c.observe(1 + 7, 1, 0.024 + 0.007 + 2 * 0.00146, tree_nodes=N)
+    assert c.draft(1) > 0.0068 and c.level(1) > 0.0014  # from 0.006 and 0.00125
+    assert c.draft(2) == pytest.approx(0.008) and c.level(2) == pytest.approx(0.0015)  # their start-up prices
 
 
 def test_more_never_costs_less():
