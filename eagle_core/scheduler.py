@@ -229,21 +229,22 @@ class Scheduler:
         With a draft head, one block less where that block is what keeps the head from its cached
         context: the head's entries of a block end with the next block's first token, so a
         sequence can take over the hit's draft entries only up to a block whose entries were
-        committed with its own next token (Drafter.state). Where the last hit block's were not
-        but the one before it's were (a conversation whose previous turn ended before the head
-        was fed its last block), computing the last block again gives the head the target's
-        features there and keeps the whole cached context. Otherwise the hit is whole: either
-        the head resumes past it, or it has nothing cached to resume and the recomputed block
-        would give it one block's context for a prefill of as many tokens (with a chat template's
-        shared system prompt, in every request)."""
+        committed with its own next token (Drafter.state). Where the last hit block's were not,
+        computing that block again gives the head the target's features there, so that it
+        resumes from the block before, if that one's entries are the request's own (a
+        conversation whose previous turn ended before the head was fed its last block), or from
+        position 0 where the hit is that one block (a chat template's system prompt that no
+        drafting sequence has fed the head yet: without its first tokens the head accepts less).
+        Otherwise the hit is whole: either the head resumes past it, or it has no cached context
+        to resume, and computing the block again would buy it one block's context for a prefill
+        of as many tokens (with a shared system prompt, in every request)."""
         usable = (request.num_tokens - 1) // self.blocks.block_size
         if not self.blocks.caching or usable == 0:
             return []
         keys = request.block_keys(usable, self.blocks.block_size)
         hits = self.blocks.match(keys)
-        if self.draft_resumes is not None and len(hits) >= 2:
-            last, before = len(hits) - 1, len(hits) - 2
-            if not self._draft_resumes(request, hits, keys, last) and self._draft_resumes(request, hits, keys, before):
+        if self.draft_resumes is not None and hits and not self._draft_resumes(request, hits, keys, len(hits) - 1):
+            if len(hits) == 1 or self._draft_resumes(request, hits, keys, len(hits) - 2):
                 return hits[:-1]
         return hits
 

@@ -324,10 +324,11 @@ def test_a_prompt_starting_with_computed_blocks_skips_them():
 
 def test_with_a_draft_head_the_last_hit_block_is_computed_again_only_to_keep_the_heads_context():
     """The hit is whole unless the head's entries of its last block are not the request's own
-    while the block before's are: then that last block is computed again (its target features
-    let the head resume the whole cached context)."""
+    while the block before's are, or the hit is that block alone: then that last block is
+    computed again (its target features let the head resume the whole cached context, or start
+    at position 0)."""
 
-    def admitted_at(own_entries: set[int]) -> tuple[int, list[tuple[int, int]]]:
+    def admitted_at(own_entries: set[int], prompt_len: int = 13) -> tuple[int, list[tuple[int, int]]]:
         asked: list[tuple[int, int]] = []  # (hit index, next token) the scheduler asked about
 
         def resumes(block: int, key: bytes, next_token: int) -> bool:
@@ -339,7 +340,7 @@ def test_with_a_draft_head_the_last_hit_block_is_computed_again_only_to_keep_the
         s.add(request("a", 14))
         step(s)  # a's prompt: blocks 0-2 full and computed
         a_table = s.requests["a"].block_table
-        s.add(request("b", 13))  # a's first 13 tokens: three full blocks, then the last token
+        s.add(request("b", prompt_len))  # a's first tokens: full blocks (three of 13), then the last token
         batch, _ = step(s)
         (work,) = [w for w in batch.seqs if w.request_id == "b"]
         return work.start_pos, asked
@@ -348,6 +349,8 @@ def test_with_a_draft_head_the_last_hit_block_is_computed_again_only_to_keep_the
     assert admitted_at({0, 1}) == (8, [(2, 22), (1, 18)])  # the head resumes 0-1 after block 2 again
     assert admitted_at({0, 1, 2})[0] == 12  # the head resumes past the whole hit
     assert admitted_at({2})[0] == 12
+    assert admitted_at(set(), prompt_len=5) == (0, [(0, 14)])  # a lone block no head has fed: computed again
+    assert admitted_at({0}, prompt_len=5)[0] == 4
 
 
 def test_cached_blocks_are_shared_only_within_a_cache_salt():
