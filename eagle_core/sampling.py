@@ -310,11 +310,14 @@ def draw(
     """One token per row, without a host sync. Greedy rows take the argmax; the others the
     `inverse_cdf` of their `position_uniforms`, so a row's draw depends only on its
     probabilities, its request's key and its output position, never on the other rows."""
-    tokens = probs.argmax(dim=1)  # [num_rows]
+    device = probs.device
     sampled = [i for i, g in enumerate(greedy) if not g]
+    if len(sampled) == len(greedy):  # every row samples: no argmax, no copy of the rows
+        return inverse_cdf(probs, position_uniforms(keys.to(device), positions.to(device)))
+    tokens = probs.argmax(dim=1)  # [num_rows]
     if sampled:
-        index = torch.tensor(sampled, device=probs.device)
-        uniforms = position_uniforms(keys.to(probs.device)[index], positions.to(probs.device)[index])
+        index = torch.tensor(sampled, device=device)
+        uniforms = position_uniforms(keys.to(device)[index], positions.to(device)[index])
         tokens = tokens.index_copy(0, index, inverse_cdf(probs.index_select(0, index), uniforms))
     return tokens
 

@@ -349,14 +349,16 @@ def test_min_tokens_is_checked_against_max_tokens():
 
 
 def test_seeded_draws_do_not_depend_on_batch_composition_or_order():
+    """Nor on greedy rows beside them (a batch of sampled rows alone takes a shorter path)."""
     torch.manual_seed(1)
     probs = torch.softmax(torch.randn(3, 100), dim=1)  # [num_rows, vocab]: rows A, B, C
 
-    def run(order: list[int]) -> dict[int, list[int]]:
+    def run(order: list[int], greedy_rows: frozenset[int] = frozenset()) -> dict[int, list[int]]:
         keys = torch.tensor([request_key(100 + row) for row in order])
+        greedy = [row in greedy_rows for row in order]
         drawn: dict[int, list[int]] = {row: [] for row in order}
         for position in range(20):
-            tokens = draw(probs[order], keys, torch.full((len(order),), position), [False] * len(order))
+            tokens = draw(probs[order], keys, torch.full((len(order),), position), greedy)
             for row, token in zip(order, tokens.tolist(), strict=True):
                 drawn[row].append(token)
         return drawn
@@ -364,6 +366,9 @@ def test_seeded_draws_do_not_depend_on_batch_composition_or_order():
     alone = run([0])[0]
     assert run([1, 0, 2])[0] == alone
     assert run([2, 0])[0] == alone
+    beside_greedy = run([1, 0, 2], greedy_rows=frozenset({1}))
+    assert beside_greedy[0] == alone and beside_greedy[2] == run([2])[2]
+    assert beside_greedy[1] == [int(probs[1].argmax())] * 20
     assert len(set(alone)) > 1
 
 
