@@ -274,10 +274,10 @@ def processed_probs(
     """
     logits = logits.float()
     device = logits.device
-    temperature = torch.tensor(
-        [p.temperature if not p.greedy else 1.0 for p in params], device=device
-    )  # [num_rows]
-    scaled = logits / temperature.unsqueeze(1)  # [num_rows, vocab]
+    temperatures = [p.temperature if not p.greedy else 1.0 for p in params]
+    scaled = logits  # [num_rows, vocab]
+    if any(t != 1.0 for t in temperatures):  # x / 1.0 is x: at the default temperature, no pass
+        scaled = logits / torch.tensor(temperatures, device=device).unsqueeze(1)
 
     filtered_rows = [i for i, p in enumerate(params) if _uses_filters(p)]
     if filtered_rows:
