@@ -340,13 +340,13 @@ def test_with_a_draft_head_the_last_hit_block_is_computed_again_only_to_keep_the
         s.add(request("a", 14))
         step(s)  # a's prompt: blocks 0-2 full and computed
         a_table = s.requests["a"].block_table
-        s.add(request("b", prompt_len))  # a's first tokens: full blocks (three of 13), then the last token
+        s.add(request("b", prompt_len))  # a's first tokens: 13 are three full blocks and a last token
         batch, _ = step(s)
         (work,) = [w for w in batch.seqs if w.request_id == "b"]
         return work.start_pos, asked
 
     assert admitted_at(set()) == (12, [(2, 22), (1, 18)])  # nothing to resume: the whole hit
-    assert admitted_at({0, 1}) == (8, [(2, 22), (1, 18)])  # the head resumes 0-1 after block 2 again
+    assert admitted_at({0, 1}) == (8, [(2, 22), (1, 18)])  # block 2 computed again, the head resumes 0-1
     assert admitted_at({0, 1, 2})[0] == 12  # the head resumes past the whole hit
     assert admitted_at({2})[0] == 12
     assert admitted_at(set(), prompt_len=5) == (0, [(0, 14)])  # a lone block no head has fed: computed again
