@@ -381,7 +381,7 @@ def grow_draft_vocab(head: Eagle3Head, target_model, counts: torch.Tensor, size:
     return grown
 
 
-_SUMMED = ("hits", "count", "mass1", "mass3", "ceiling1", "ceiling3")
+_SUMMED = StepStats._fields[1:]  # every field but the mean loss
 _METRICS = {"val_top1_accuracy_by_step": "hits", "val_mass_top1_by_step": "mass1",
             "val_mass_top3_by_step": "mass3", "val_ceiling_top1_by_step": "ceiling1",
             "val_ceiling_top3_by_step": "ceiling3"}
